@@ -1,0 +1,31 @@
+# Two entry points: `make demo` (the main job on the embedded default) and `make test`.
+# Both create/update .venv from the pinned requirements; a changed pin reinstalls.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DATA ?= ./data
+
+.PHONY: demo test lint install clean
+
+$(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements-dev.txt -c constraints.txt
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/hotstep-ray demo --data $(DATA)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) $(DATA) .pytest_cache .ruff_cache

@@ -1,0 +1,73 @@
+"""Audio in and out: probe a header, decode to float32 `[C, T]`, write WAV/FLAC.
+
+soundfile (libsndfile 1.2.2) reads WAV, FLAC, OGG/Vorbis/Opus and MP3; `.m4a`/`.aac` need an external
+decoder and are reported as unreadable rather than guessed at.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+
+from hotstep_ray.core.errors import InputError
+from hotstep_ray.core.storage import Storage
+
+
+@dataclass(frozen=True)
+class AudioInfo:
+    duration_s: float
+    sample_rate_hz: int
+    channels: int
+    frames: int
+
+
+def _source(storage: Storage, key: str):
+    # Local files are opened by path (no copy); remote ones are read into memory once.
+    return str(storage.local_path(key)) if storage.is_local else io.BytesIO(storage.read_bytes(key))
+
+
+def probe_audio(storage: Storage, key: str) -> AudioInfo:
+    """Header-only read of an audio file's length and format."""
+    try:
+        info = sf.info(_source(storage, key))
+    except Exception as exc:  # libsndfile raises RuntimeError/LibsndfileError for unknown formats
+        raise InputError(f"cannot read audio {storage.url_of(key)}: {exc}") from exc
+    return AudioInfo(
+        duration_s=float(info.frames) / float(info.samplerate),
+        sample_rate_hz=int(info.samplerate),
+        channels=int(info.channels),
+        frames=int(info.frames),
+    )
+
+
+def load_audio(storage: Storage, key: str, max_duration_s: float = 0.0) -> tuple[np.ndarray, int]:
+    """Decode to float32 planar `[C, T]` at the file's own rate; `max_duration_s` > 0 truncates."""
+    try:
+        with sf.SoundFile(_source(storage, key)) as handle:
+            rate = handle.samplerate
+            frames = handle.frames
+            if max_duration_s > 0:
+                frames = min(frames, int(max_duration_s * rate))
+            data = handle.read(frames, dtype="float32", always_2d=True)
+    except Exception as exc:
+        raise InputError(f"cannot decode audio {storage.url_of(key)}: {exc}") from exc
+    return np.ascontiguousarray(data.T), int(rate)
+
+
+def write_audio(path: str | Path, audio: np.ndarray, sample_rate_hz: int, subtype: str = "PCM_16"):
+    """Write `[C, T]` float audio to WAV/FLAC (format from the suffix), clipping to [-1, 1]."""
+    data = np.clip(np.asarray(audio, dtype=np.float32), -1.0, 1.0).T
+    sf.write(str(path), data, sample_rate_hz, subtype=subtype)
+
+
+def encode_audio(audio: np.ndarray, sample_rate_hz: int, fmt: str = "WAV") -> bytes:
+    """`[C, T]` float audio as file bytes (for writes through a Storage)."""
+    buffer = io.BytesIO()
+    data = np.clip(np.asarray(audio, dtype=np.float32), -1.0, 1.0).T
+    subtype = "PCM_16" if fmt.upper() in ("WAV", "FLAC") else None
+    sf.write(buffer, data, sample_rate_hz, format=fmt, subtype=subtype)
+    return buffer.getvalue()

@@ -1,0 +1,45 @@
+"""Shared CLI plumbing: one console, and one way to turn errors into a red line + exit code."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from hotstep_ray.core.errors import HotstepError
+
+console = Console()
+err_console = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Exit codes: 0 ok, 1 runtime failure, 2 bad input/usage (as the seed's ace-train does).
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+def handle_errors(func: F) -> F:
+    """Decorator: a `HotstepError` (or ValueError from validation) becomes a one-line message and
+    exit code 2; anything else propagates with its traceback (a bug, not bad input)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except (HotstepError, ValueError, FileNotFoundError) as exc:
+            raise fail(str(exc)) from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+def print_json(value: Any) -> None:
+    """Plain JSON on stdout (no rich markup), for scripts."""
+    typer.echo(json.dumps(value, indent=2, ensure_ascii=False))

@@ -1,0 +1,441 @@
+"""Typed contracts for every interface (CLI, HTTP, job specs), with every default in one place.
+
+Python code uses snake_case; JSON on the wire is camelCase, matching the HOT-Step studio contract, so
+each model accepts and emits both (`populate_by_name`, `by_alias`). Options models forbid unknown keys:
+a misspelt option is an error, not a silently ignored value.
+
+Defaults are the HOT-Step HTTP route values (what a bare `{}` request gets). Where its sources disagree
+(route code vs type comments vs UI form), the comment next to the field says which one we took and why.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+# -- enums ---------------------------------------------------------------------------------------
+TagPosition = Literal["prepend", "append", "replace"]
+MergePolicy = Literal["fill_missing", "overwrite_caption", "overwrite_lyrics", "overwrite_all"]
+FieldSource = Literal[
+    "sidecar", "understand", "essentia", "genius", "llm", "tags", "filename", "user"
+]
+SampleLabelStatus = Literal["unlabeled", "labeled", "pending", "processing", "error"]
+DatasetStatus = Literal["draft", "labeling", "labeled", "built", "error"]
+PromptOverride = Literal["caption", "genre"]
+JobKind = Literal[
+    "scan",
+    "label",
+    "enhance-genius",
+    "enhance-caption",
+    "build",
+    "preprocess",
+    "train-lm",
+    "train-dit",
+    "audition",
+    "lm-calibrate",
+    "dit-calibrate",
+    "mm3-codes",
+    "mm3-train-lm",
+]
+JobStatus = Literal["queued", "running", "done", "failed", "cancelled"]
+TERMINAL_JOB_STATUSES: frozenset[str] = frozenset({"done", "failed", "cancelled"})
+LmSize = Literal["0.6B", "1.7B", "4B"]
+AdapterType = Literal["lora", "lokr"]
+OptimizerName = Literal["adamw", "muon"]
+SampleOrder = Literal["shuffle", "sequential"]
+LossWeighting = Literal["none", "min_snr", "flow_snr"]
+PreprocessDtype = Literal["f32", "bf16"]
+PreprocessCompat = Literal["hotstep", "sidestep"]
+PreprocessNormalize = Literal["none", "peak"]
+TrainLmStage = Literal["extract", "train", "export"]
+TrainDitStage = Literal["train", "export"]
+
+AUDIO_EXTENSIONS: tuple[str, ...] = (".wav", ".mp3", ".flac", ".ogg", ".opus", ".m4a", ".aac")
+# When two audio files share one sidecar stem, the first of this order owns it (HOT-Step rule).
+AUDIO_PRIORITY: tuple[str, ...] = (".flac", ".wav", ".m4a", ".aac", ".ogg", ".opus", ".mp3")
+MIN_RECOMMENDED_SAMPLES = 10
+MAX_SCAN_FILES = 5000
+LATENT_HZ = 25  # VAE latent frames per second (48 kHz / 1920)
+CODE_HZ = 5  # 5 Hz LM audio codes per second
+SAMPLE_RATE_HZ = 48_000
+
+
+class Contract(BaseModel):
+    """Base: snake_case in Python, camelCase on the wire, both accepted on input."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+    def to_json_dict(self) -> dict:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+class Options(Contract):
+    """Options refuse unknown keys so a typo fails loudly."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+# -- datasets ------------------------------------------------------------------------------------
+class SidecarFields(Contract):
+    """Fields stored in a `<stem>.txt` sidecar (Side-Step's format)."""
+
+    caption: str = ""
+    genre: str = ""
+    bpm: int | None = None
+    key: str = ""  # "C minor"
+    signature: str = ""  # "4/4" as written by the user; Side-Step keeps it verbatim
+    language: str = ""
+    is_instrumental: bool = False
+    lyrics: str = ""
+    custom_tag: str = ""
+    repeat: int = Field(default=1, ge=1)
+    prompt_override: PromptOverride | None = None
+
+
+class Sample(SidecarFields):
+    """One audio file of a dataset: sidecar-backed, studio-private and derived fields."""
+
+    sample_id: str  # first 16 hex of sha1(lower-cased relative path, forward slashes)
+    rel_path: str  # forward slashes, relative to the dataset source folder
+    audio_path: str
+    filename: str
+    sidecar_path: str
+    sidecar_exists: bool = False
+    file_missing: bool = False
+    # studio-private
+    excluded: bool = False
+    label_status: SampleLabelStatus = "unlabeled"
+    error: str = ""
+    has_audio_codes: bool = False
+    sources: dict[str, FieldSource] = Field(default_factory=dict)
+    # derived
+    duration: float = 0.0  # seconds, measured from the audio header
+    size_bytes: int = 0
+    tag_artist: str = ""
+    tag_title: str = ""
+    tag_album: str = ""
+    labeled_at: str = ""
+
+
+class DatasetSummary(Contract):
+    id: str
+    slug: str
+    name: str
+    source_dir: str
+    recursive: bool = True
+    custom_tag: str = ""  # the trigger word; "" = none
+    tag_position: TagPosition = "prepend"
+    genre_ratio: int = Field(default=0, ge=0, le=100)
+    default_artist: str = ""
+    default_album: str = ""
+    default_genre: str = ""
+    default_language: str = "en"
+    sample_count: int = 0
+    labeled_count: int = 0
+    excluded_count: int = 0
+    status: DatasetStatus = "draft"
+    built_at: str = ""
+    dataset_json_path: str = ""
+    album_name: str = ""
+    created_at: str = ""
+    updated_at: str = ""
+
+
+class DatasetDetail(DatasetSummary):
+    samples: list[Sample] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+    active_job_id: str = ""
+    preprocessed_variants: list[str] = Field(default_factory=list)
+
+
+class CreateDatasetInput(Options):
+    name: str = ""  # "" = the folder's basename
+    source_dir: str
+    recursive: bool = True
+    custom_tag: str = ""
+    tag_position: TagPosition = "prepend"
+    genre_ratio: int = Field(default=0, ge=0, le=100)
+    default_artist: str = ""
+    default_album: str = ""
+    default_genre: str = ""
+    # Language is declared by the user, never guessed; ISO 639-1 ("english" is normalised to "en").
+    default_language: str = "en"
+
+
+class PatchSampleInput(Options):
+    caption: str | None = None
+    genre: str | None = None
+    bpm: int | None = None
+    key: str | None = None
+    signature: str | None = None
+    language: str | None = None
+    is_instrumental: bool | None = None
+    lyrics: str | None = None
+    custom_tag: str | None = None
+    repeat: int | None = Field(default=None, ge=1)
+    prompt_override: PromptOverride | None = None
+    excluded: bool | None = None
+
+
+class ScanPreview(Contract):
+    root: str
+    audio_files: int
+    with_sidecar: int
+    with_caption: int
+    has_dataset_json: bool
+    extensions: dict[str, int]
+    sample_names: list[str]  # at most 10
+    warnings: list[str] = Field(default_factory=list)
+
+
+class BuildOptions(Options):
+    # "" = `datasets/<slug>/dataset.json` in storage; else a path inside the source folder or root.
+    output_path: str = ""
+
+
+# -- labeling ------------------------------------------------------------------------------------
+class CaptionProviderChoice(Options):
+    provider: str = "gemini"
+    model: str = ""
+
+
+class LabelOptions(Options):
+    sample_ids: list[str] | None = None
+    scope: Literal["all", "unlabeled"] = "unlabeled"
+    use_essentia: bool = True
+    # The route defaults these to true (types.ts says false); a provider without credentials is
+    # skipped with a warning unless the caller asked for it explicitly.
+    use_genius: bool = True
+    use_caption: bool = True
+    use_understand: bool = False
+    merge_policy: MergePolicy = "fill_missing"
+    caption: CaptionProviderChoice | None = None
+    allow_empty: bool = False
+
+
+class GeniusOptions(Options):
+    sample_ids: list[str] | None = None
+    merge_policy: MergePolicy = "overwrite_lyrics"
+    artist: str = ""
+    album: str = ""
+    sanitize_headers: bool = True
+
+
+class CaptionOptions(Options):
+    sample_ids: list[str] | None = None
+    provider: str = ""
+    model: str = ""
+    merge_policy: MergePolicy = "overwrite_caption"
+    include_lyrics_excerpt: bool = True
+    temperature: float = Field(default=0.45, ge=0, le=2)
+
+
+# -- preprocess ----------------------------------------------------------------------------------
+class PreprocessOptions(Options):
+    dit_model: str = ""  # "" = the first DiT found under the checkpoints folder
+    vae_model: str = ""
+    text_encoder: str = ""
+    sample_ids: list[str] | None = None
+    max_duration_s: float = Field(default=240.0, ge=0)  # 0 = no cut
+    normalize: PreprocessNormalize = "peak"
+    target_db: float = Field(default=-1.0, ge=-60, le=0)
+    dtype: PreprocessDtype = "f32"
+    compat: PreprocessCompat = "hotstep"
+    # Route values (512 / 2048) win over the type comments (256 / 512): they are what runs.
+    max_caption_tokens: int = Field(default=512, ge=16, le=4096)
+    max_lyric_tokens: int = Field(default=2048, ge=16, le=4096)
+    vae_chunk_frames: int = Field(default=384, ge=64)  # 384 latent frames ≈ 15.4 s
+    vae_overlap_frames: int = Field(default=48, ge=0)  # route 48; the type comment's 64 is stale
+    overwrite: bool = False
+    output_dir: str = ""
+
+
+# -- training ------------------------------------------------------------------------------------
+class TrainLmOptions(Options):
+    """5 Hz LM adapter training. Defaults: HOT-Step route values."""
+
+    # Route default 4B (the types comment says 0.6B; the route is what a bare request gets).
+    lm_size: LmSize = "4B"
+    lm_model: str = ""
+    variant_key: str = ""
+    adapter_name: str = ""
+    target_loss: float = Field(default=0.1, ge=0, le=20)  # 0 disables the auto-stop
+    epochs: int = Field(default=150, ge=1, le=200)
+    adapter_type: AdapterType = "lokr"
+    rank: int = Field(default=16, ge=1, le=256)
+    alpha: float = Field(default=32, ge=1, le=1024)
+    lokr_dim: int = Field(default=128, ge=4, le=4096)
+    lokr_alpha: float = Field(default=128, ge=0, le=8192)
+    lokr_factor: int = Field(default=6)
+    lokr_decompose_both: bool = True
+    optimizer: OptimizerName = "muon"
+    muon_lr_scale: float = Field(default=20.0, ge=0.001, le=1000)
+    muon_ns_steps: int = Field(default=5, ge=1, le=20)
+    learning_rate: float = Field(default=1e-4, gt=0, le=1)
+    grad_accum: int = Field(default=2, ge=1, le=64)
+    grad_clip: float = Field(default=1.0, ge=0, le=100)
+    warmup_ratio: float = Field(default=0.05, ge=0, le=0.5)
+    weight_decay: float = Field(default=0.01, ge=0, le=1)
+    max_len: int = Field(default=0, ge=0, le=16384)  # 0 = fit to free VRAM
+    batch: int = Field(default=1, ge=1, le=16)
+    seed: int = 42
+    order: SampleOrder = "shuffle"
+    loss_on_cot: bool = True
+    milestone_step: float = Field(default=0, ge=0, le=5)  # 0 = off
+    milestone_keep: int = Field(default=6, ge=0, le=64)
+    stages: list[TrainLmStage] = Field(default_factory=lambda: ["extract", "train", "export"])
+    overwrite: bool = False
+    # "latest" = newest non-calibrated run of this name; "" = train from scratch; else a path.
+    init_adapter: str = "latest"
+    calibrate: bool = False
+    calibrate_repoint: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainLmOptions:
+        _check_lokr_factor(self.lokr_factor)
+        if self.max_len and self.max_len < 512:
+            raise ValueError("max_len must be 0 (auto) or 512-16384")
+        return self
+
+
+class TrainDitOptions(Options):
+    """DiT adapter training. Defaults: HOT-Step route values; `None` means "by adapter type"
+    (LoKR and LoRA want different learning rates, weight decay and loss weighting)."""
+
+    adapter_type: AdapterType = "lokr"
+    adapter_name: str = ""
+    variant_key: str = ""
+    rank: int = Field(default=128, ge=1, le=256)
+    alpha: float = Field(default=256, ge=1, le=1024)
+    lokr_dim: int = Field(default=512, ge=4, le=4096)
+    lokr_alpha: float = Field(default=512, ge=0, le=8192)  # 0 = same as dim
+    lokr_factor: int = 6
+    lokr_decompose_both: bool = True
+    target_mlp: bool = True
+    layers: int = Field(default=0, ge=0, le=64)  # 0 = auto top-K depth
+    crop_frames: int = Field(default=0, ge=0, le=8192)  # 0 = auto-fit; 25 latent frames per s
+    crop_min_frames: int = Field(default=375, ge=128, le=8192)
+    crop_max_frames: int = Field(default=1250, ge=128, le=8192)
+    target_loss: float = Field(default=0.1, ge=0, le=20)  # compared with the 5-step moving average
+    epochs: int = Field(default=500, ge=1, le=2000)
+    learning_rate: float | None = Field(default=None, gt=0, le=1)  # lokr 2e-3, lora 5e-4
+    grad_accum: int = Field(default=4, ge=1, le=64)  # counts micro-batches
+    grad_clip: float = Field(default=1.0, ge=0, le=100)
+    warmup_ratio: float = Field(default=0.05, ge=0, le=0.5)
+    weight_decay: float | None = Field(default=None, ge=0, le=1)  # lokr 1e-3, lora 1e-2
+    loss_weighting: LossWeighting | None = None  # lokr none, lora flow_snr
+    snr_gamma: float = Field(default=5.0, ge=1, le=100)
+    t_bias: float = Field(default=0.5, ge=0, le=4)
+    channel_balance: bool = True
+    timestep_mu: float = -0.4
+    timestep_sigma: float = Field(default=1.0, gt=0, le=4)
+    t_min: float = Field(default=0.0, ge=0, le=1)
+    t_max: float = Field(default=1.0, ge=0, le=1)
+    cfg_ratio: float = Field(default=0.15, ge=0, le=1)
+    genre_ratio: int = Field(default=30, ge=0, le=100)
+    seed: int = 42
+    order: SampleOrder = "shuffle"
+    # The route sends 0.1, the UI form 0; we keep the route value (milestones are cheap to skip).
+    milestone_step: float = Field(default=0.1, ge=0, le=5)
+    milestone_keep: int = Field(default=6, ge=0, le=64)
+    vram_reserve_mb: int = Field(default=2048, ge=0, le=16384)
+    optimizer: OptimizerName = "muon"
+    muon_lr_scale: float = Field(default=20.0, ge=0.001, le=1000)
+    muon_momentum: float = Field(default=0.95, ge=0, lt=1)
+    muon_ns_steps: int = Field(default=5, ge=1, le=20)
+    muon_min_dim: int = Field(default=16, ge=1)
+    batch: int = Field(default=1, ge=1, le=16)
+    checkpoint_segments: int = Field(default=1, ge=0, le=32)  # 1 = auto, 0 = off
+    stages: list[TrainDitStage] = Field(default_factory=lambda: ["train", "export"])
+    overwrite: bool = False
+    init_adapter: str = "latest"
+    calibrate: bool = False
+    calibrate_repoint: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainDitOptions:
+        _check_lokr_factor(self.lokr_factor)
+        if self.t_min >= self.t_max:
+            raise ValueError(f"t_min ({self.t_min}) must be below t_max ({self.t_max})")
+        if self.crop_min_frames > self.crop_max_frames:
+            raise ValueError("crop_min_frames must not exceed crop_max_frames")
+        return self
+
+    @property
+    def is_lokr(self) -> bool:
+        return self.adapter_type == "lokr"
+
+    @property
+    def effective_learning_rate(self) -> float:
+        if self.learning_rate is not None:
+            return self.learning_rate
+        return 2e-3 if self.is_lokr else 5e-4
+
+    @property
+    def effective_weight_decay(self) -> float:
+        if self.weight_decay is not None:
+            return self.weight_decay
+        return 1e-3 if self.is_lokr else 1e-2
+
+    @property
+    def effective_loss_weighting(self) -> LossWeighting:
+        if self.loss_weighting is not None:
+            return self.loss_weighting
+        return "none" if self.is_lokr else "flow_snr"
+
+    @property
+    def effective_lokr_alpha(self) -> float:
+        return self.lokr_alpha or float(self.lokr_dim)
+
+
+def _check_lokr_factor(factor: int) -> None:
+    if factor != -1 and not 2 <= factor <= 64:
+        raise ValueError(f"lokr_factor must be -1 or 2-64, got {factor}")
+
+
+def schedule_steps(samples: int, epochs: int, batch: int, grad_accum: int, warmup_ratio: float):
+    """Optimizer steps per epoch, total steps and warmup steps, as the seed's schedule preview
+    computes them: steps/epoch = ceil(n / (batch·GA)); warmup = max(50, total·ratio), capped at
+    half the run."""
+    steps_per_epoch = max(1, math.ceil(samples / (batch * grad_accum)))
+    total = steps_per_epoch * epochs
+    warmup = min(max(50, int(total * warmup_ratio)), total // 2)
+    return steps_per_epoch, total, warmup
+
+
+# -- jobs ----------------------------------------------------------------------------------------
+JOB_PHASES: dict[str, tuple[str, ...]] = {
+    "scan": ("queued", "scan", "probe", "writing"),
+    "build": ("queued", "scan", "probe", "build", "writing"),
+    "label": ("queued", "essentia", "understand", "genius", "llm", "writing", "build"),
+    "preprocess": ("queued", "loading-models", "preprocess", "stats"),
+    "train-lm": ("queued", "loading-models", "extract", "train", "export"),
+    "train-dit": ("queued", "loading-models", "train", "export"),
+    "audition": (
+        "queued",
+        "audition-lm-base",
+        "audition-lm-adapter",
+        "audition-decode",
+        "audition-render",
+        "audition-writing",
+    ),
+}
+
+
+class JobSummary(Contract):
+    id: str
+    dataset_id: str = ""
+    kind: JobKind
+    status: JobStatus = "queued"
+    total: int = 0
+    done: int = 0
+    failed: int = 0
+    current_sample_id: str = ""
+    phase: str = "queued"
+    error: str = ""
+    created_at: int = 0  # epoch ms
+    started_at: int = 0
+    finished_at: int = 0

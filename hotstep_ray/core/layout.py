@@ -1,0 +1,201 @@
+"""Where every artifact lives under the storage root. Only this module spells out paths.
+
+    datasets/<slug>/dataset_meta.json        the dataset summary (our own record)
+    datasets/<slug>/dataset.json             the built, Side-Step-readable dataset
+    datasets/<slug>/labels/<sample_id>.json  studio-private label store (sources, analyzer output)
+    tensors/<slug>/<variant_key>/            preprocessed tensor cache
+    adapters/lm-06b|lm-17b|lm-4b/<artist>/<run>/   5 Hz LM adapters, by base size
+    adapters/dit-<shorthand>/<artist>/<run>/       DiT adapters, by base model
+    adapters/mm3-lm-adapters/<run>/                MM3 LM adapters
+    jobs/<job_id>/job.json, jobs/<job_id>/events.jsonl
+    previews/<preview_id>/
+
+A run folder is named `YYYY-MM-DD_HH-MM-SS` (local time), so name order is time order. Legacy forms
+(an adapter directly in the artist folder, flat `lm/<name>-<size>`, DiT folders at the adapters root)
+are read by `resolve_adapter` but never written.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import datetime
+
+from hotstep_ray.core.errors import InputError
+from hotstep_ray.core.storage import Storage
+
+ADAPTER_WEIGHT_FILES = ("adapter_model.safetensors", "lokr_weights.safetensors")
+LM_SIZE_FOLDERS = {"0.6B": "lm-06b", "1.7B": "lm-17b", "4B": "lm-4b"}
+MM3_LM_FOLDER = "mm3-lm-adapters"
+RUN_STAMP_FORMAT = "%Y-%m-%d_%H-%M-%S"
+_RUN_STAMP_RE = re.compile(r"^\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}(-[0-9a-z]+)?$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+# Exact DiT model stems (after quant-suffix stripping) and their adapter-folder shorthand.
+_DIT_SHORTHANDS = {
+    "acestep-v15-merge-base-sft-turbo-xl-thirds": "dit-xl-thirds",
+    "acestep-v15-merge-base-turbo-xl-ta-0.5": "dit-xl-base-turbo",
+    "acestep-v15-xl-sftturbo50": "dit-xl-sft-turbo",
+    "acestep-v15-merge-base-sft-xl-ta-0.5": "dit-xl-base-sft",
+    "acestep-v15-merge-sft-turbo-xl-ta-0.3": "dit-xl-sft-turbo-ta03",
+    "acestep-v15-merge-sft-turbo-xl-ta-0.7": "dit-xl-sft-turbo-ta07",
+    "acestep-v15-merge-base-sft-turbo-xl-thirds-convrot-ref": "dit-xl-thirds-convrot",
+    "acestep-v15-xl-base": "dit-xl-base",
+    "acestep-v15-xl-sft": "dit-xl-sft",
+    "acestep-v15-xl-turbo": "dit-xl-turbo",
+    "acestep-v15-base": "dit-base",
+    "acestep-v15-sft": "dit-sft",
+    "acestep-v15-turbo": "dit-turbo",
+    "acestep-v15-sftturbo50": "dit-sft-turbo",
+    "acestep-v15-turbo-continuous": "dit-turbo-continuous",
+    "acestep-v15-turbo-shift1": "dit-turbo-shift1",
+    "acestep-v15-turbo-shift3": "dit-turbo-shift3",
+    "sa3-dit": "dit-sa3",
+}
+_QUANT_SUFFIX = re.compile(
+    r"-(BF16|F16|F32|MXFP4|NVFP4|IQ\d\w*|Q\d\w*)$",
+    re.IGNORECASE,
+)
+
+
+def check_name(name: str, what: str = "name") -> str:
+    """Names that become folder names: `^[A-Za-z0-9._-]{1,64}$`, no leading dot."""
+    if not _NAME_RE.match(name) or name.startswith("."):
+        raise InputError(f"invalid {what} {name!r}: use 1-64 of A-Z a-z 0-9 . _ -, no leading dot")
+    return name
+
+
+def slugify(name: str) -> str:
+    """Lowercase, `[a-z0-9-_]`, runs of other characters collapsed to one `-`, at most 64."""
+    slug = re.sub(r"[^a-z0-9_-]+", "-", name.lower())
+    slug = re.sub(r"-{2,}", "-", slug).strip("-_")[:64].strip("-_")
+    return slug or "dataset"
+
+
+def dit_shorthand(model_name: str) -> str:
+    """Adapter folder of a DiT base: `acestep-v15-xl-turbo-BF16.gguf` -> `dit-xl-turbo`."""
+    stem = model_name.rsplit("/", 1)[-1]
+    if stem.lower().endswith(".gguf"):
+        stem = stem[: -len(".gguf")]
+    stem = _QUANT_SUFFIX.sub("", stem)
+    if not stem:
+        return "dit-unknown-base"
+    if stem in _DIT_SHORTHANDS:
+        return _DIT_SHORTHANDS[stem]
+    rest = stem.removeprefix("acestep-v15-").replace(".", "")
+    return f"dit-{rest}" if rest else "dit-unknown-base"
+
+
+def run_stamp(now: float | None = None) -> str:
+    return datetime.fromtimestamp(time.time() if now is None else now).strftime(RUN_STAMP_FORMAT)
+
+
+# -- datasets ----------------------------------------------------------------------------------
+def dataset_dir(slug: str) -> str:
+    return f"datasets/{check_name(slug, 'dataset slug')}"
+
+
+def dataset_meta(slug: str) -> str:
+    return f"{dataset_dir(slug)}/dataset_meta.json"
+
+
+def dataset_json(slug: str) -> str:
+    return f"{dataset_dir(slug)}/dataset.json"
+
+
+def label_record(slug: str, sample_id: str) -> str:
+    return f"{dataset_dir(slug)}/labels/{check_name(sample_id, 'sample id')}.json"
+
+
+def tensor_dir(slug: str, variant_key: str) -> str:
+    return f"tensors/{check_name(slug, 'dataset slug')}/{check_name(variant_key, 'variant key')}"
+
+
+def job_dir(job_id: str) -> str:
+    return f"jobs/{check_name(job_id, 'job id')}"
+
+
+def job_record(job_id: str) -> str:
+    return f"{job_dir(job_id)}/job.json"
+
+
+def job_events(job_id: str) -> str:
+    return f"{job_dir(job_id)}/events.jsonl"
+
+
+def preview_dir(preview_id: str) -> str:
+    return f"previews/{check_name(preview_id, 'preview id')}"
+
+
+# -- adapters ----------------------------------------------------------------------------------
+def lm_adapter_base(lm_size: str) -> str:
+    if lm_size not in LM_SIZE_FOLDERS:
+        raise InputError(f"unknown LM size {lm_size!r}; expected one of {list(LM_SIZE_FOLDERS)}")
+    return f"adapters/{LM_SIZE_FOLDERS[lm_size]}"
+
+
+def dit_adapter_base(dit_model: str) -> str:
+    return f"adapters/{dit_shorthand(dit_model)}"
+
+
+def has_weights(storage: Storage, key: str) -> bool:
+    return any(storage.exists(f"{key}/{name}") for name in ADAPTER_WEIGHT_FILES)
+
+
+def new_run_dir(storage: Storage, base: str, artist: str, now: float | None = None) -> str:
+    """A fresh run folder key under `<base>/<artist>/`; collisions get `-2` … `-99`, then a
+    base-36 millisecond suffix, so two runs in one second never share a folder."""
+    parent = f"{base}/{check_name(artist, 'artist')}"
+    stamp = run_stamp(now)
+    if not storage.exists(f"{parent}/{stamp}"):
+        return f"{parent}/{stamp}"
+    for n in range(2, 100):
+        if not storage.exists(f"{parent}/{stamp}-{n}"):
+            return f"{parent}/{stamp}-{n}"
+    return f"{parent}/{stamp}-{_base36(int(time.time() * 1000))}"
+
+
+def _base36(value: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while value:
+        value, rem = divmod(value, 36)
+        out = digits[rem] + out
+    return out or "0"
+
+
+def latest_run_dir(storage: Storage, artist_dir: str, skip_calibrated: bool = False) -> str | None:
+    """The name-last run folder (not hidden) that holds weights, or None."""
+    runs = []
+    for key in storage.list(artist_dir):
+        name = key.rsplit("/", 1)[-1]
+        if name.startswith(".") or not storage.is_dir(key):
+            continue
+        if skip_calibrated and name.endswith("-calibrated"):
+            continue
+        if has_weights(storage, key):
+            runs.append(key)
+    return max(runs, key=lambda k: k.rsplit("/", 1)[-1]) if runs else None
+
+
+def resolve_adapter(storage: Storage, base: str, artist: str) -> str | None:
+    """Newest run of `artist` under an adapter base, falling back to the legacy forms:
+    weights directly in the artist folder, then flat `adapters/lm/<artist>-<size>` (LM) or
+    `adapters/<artist>` (DiT at the root)."""
+    artist_dir = f"{base}/{check_name(artist, 'artist')}"
+    newest = latest_run_dir(storage, artist_dir)
+    if newest:
+        return newest
+    if has_weights(storage, artist_dir):
+        return artist_dir
+    folder = base.rsplit("/", 1)[-1]
+    for size, size_folder in LM_SIZE_FOLDERS.items():
+        if folder == size_folder and has_weights(storage, f"adapters/lm/{artist}-{size}"):
+            return f"adapters/lm/{artist}-{size}"
+    if folder.startswith("dit-") and has_weights(storage, f"adapters/{artist}"):
+        return f"adapters/{artist}"
+    return None
+
+
+def is_run_stamp(name: str) -> bool:
+    return bool(_RUN_STAMP_RE.match(name))

@@ -1,0 +1,37 @@
+"""Start or join Ray with the settings every entry point wants."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+# Ray reads these at import/init time: no usage stats from our machines, and no token-auth surprise
+# when a driver joins a `ray start` head (Ray 2.60 enables token auth by default).
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: bool = True):
+    """Connect to `address` (e.g. "auto", "ray://head:10001"), or start a local Ray if none is
+    given and none is running. Returns the `ray` module. Safe to call twice."""
+    import ray
+
+    if ray.is_initialized():
+        return ray
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    kwargs: dict = {
+        "ignore_reinit_error": True,
+        "logging_level": logging.WARNING if quiet else logging.INFO,
+        "log_to_driver": not quiet,
+    }
+    if address:
+        ray.init(address=address, **kwargs)
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
+    return ray
+
+
+def shutdown_ray() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
