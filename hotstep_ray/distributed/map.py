@@ -23,18 +23,18 @@ class RayMap:
         num_cpus: CPUs each task reserves (fractions let light I/O tasks share a core).
         max_in_flight: cap on submitted-but-unfinished tasks, so a 5000-file folder does not
             queue 5000 tasks (and their arguments) at once.
-        on_result: called with (index, result) as each item finishes, for progress events.
+        on_progress: called with (finished, total) as each item finishes, for progress events.
     """
 
     def __init__(
         self,
         num_cpus: float = 0.5,
         max_in_flight: int = 64,
-        on_result: Callable[[int, Any], None] | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> None:
         self.num_cpus = num_cpus
         self.max_in_flight = max_in_flight
-        self.on_result = on_result
+        self.on_progress = on_progress
 
     def __call__(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
         ray = ensure_ray()
@@ -43,7 +43,7 @@ class RayMap:
         items = list(items)
         results: list[Any] = [None] * len(items)
         pending: dict[Any, int] = {}
-        next_index = 0
+        next_index = finished = 0
         while next_index < len(items) or pending:
             while next_index < len(items) and len(pending) < self.max_in_flight:
                 pending[remote_apply.remote(fn_ref, items[next_index])] = next_index
@@ -52,6 +52,7 @@ class RayMap:
             for ref in done:
                 index = pending.pop(ref)
                 results[index] = ray.get(ref)  # re-raises the task's exception here
-                if self.on_result is not None:
-                    self.on_result(index, results[index])
+                finished += 1
+                if self.on_progress is not None:
+                    self.on_progress(finished, len(items))
         return iter(results)

@@ -27,11 +27,11 @@ def _fail_on_three(x: int) -> int:
 
 def test_results_come_back_in_input_order_from_worker_processes(ray_session):
     seen = []
-    ray_map = RayMap(max_in_flight=3, on_result=lambda i, r: seen.append(i))
+    ray_map = RayMap(max_in_flight=3, on_progress=lambda done, total: seen.append((done, total)))
     results = list(ray_map(_square_with_pid, range(10)))
     assert [r[0] for r in results] == [x * x for x in range(10)]
     assert os.getpid() not in {r[1] for r in results}  # the work really left the driver
-    assert sorted(seen) == list(range(10))
+    assert seen == [(n, 10) for n in range(1, 11)]
 
 
 def test_a_failing_item_raises_its_error_in_the_driver(ray_session):

@@ -1,0 +1,93 @@
+"""`hotstep-ray models ...`: list the checkpoints a machine has, verify a DiT against fixtures."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from hotstep_ray.cli.common import EXIT_FAILURE, console, handle_errors, print_json
+from hotstep_ray.models.discovery import discover, missing_for_stages
+from hotstep_ray.models.verify import verify_cases
+
+app = typer.Typer(help="Find, check and verify ACE-Step 1.5 checkpoints.", no_args_is_help=True)
+
+
+def _size(num_bytes: int) -> str:
+    value = float(num_bytes)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GB"
+
+
+@app.command("list")
+@handle_errors
+def list_checkpoints(
+    checkpoints: Path = typer.Option(..., "--checkpoints", help="The checkpoints/ folder."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Each component found (variant, dtype, size, problems) and what each stage still needs."""
+    components = discover(checkpoints)
+    stages = missing_for_stages(components)
+    if as_json:
+        print_json({"components": [info.to_dict() for info in components], "stages": stages})
+        return
+    table = Table(title=f"checkpoints in {checkpoints}")
+    for column in ("folder", "kind", "variant", "format", "dtype", "size", "status"):
+        table.add_column(column)
+    for info in components:
+        status = "[green]ok[/]" if info.usable else "[red]" + "; ".join(info.problems) + "[/]"
+        table.add_row(
+            info.name,
+            info.kind,
+            info.variant or "-",
+            info.format,
+            info.dtype or "-",
+            _size(info.size_bytes),
+            status,
+        )
+    console.print(table)
+    for stage, missing in stages.items():
+        state = "[green]ready[/]" if not missing else f"[yellow]missing {', '.join(missing)}[/]"
+        console.print(f"{stage}: {state}")
+
+
+@app.command("verify")
+@handle_errors
+def verify(
+    checkpoint: Path = typer.Option(
+        ..., "--checkpoint", help="DiT folder (official or diffusers)."
+    ),
+    cases: Path = typer.Option(..., "--cases", help="Folder with cases.json + <case>.safetensors."),
+    atol: float = typer.Option(1e-4, help="Absolute tolerance for float outputs."),
+    rtol: float = typer.Option(1e-4, help="Relative tolerance for float outputs."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Run every reference case; exit 1 if any case fails or is unsupported."""
+    results = verify_cases(checkpoint, cases, atol=atol, rtol=rtol)
+    if as_json:
+        print_json([result.to_dict() for result in results])
+    else:
+        table = Table(title=f"{checkpoint} vs {cases}")
+        for column in ("case", "kind", "max abs err", "worst tensor", "result"):
+            table.add_column(column)
+        for result in results:
+            error = "-" if math.isnan(result.max_abs_err) else f"{result.max_abs_err:.3g}"
+            verdict = "[green]pass[/]" if result.passed else f"[red]{result.status}[/]"
+            if result.message and not result.passed:
+                verdict += f" {result.message}"
+            table.add_row(result.name, result.kind, error, result.worst or "-", verdict)
+        console.print(table)
+    failed = [result.name for result in results if not result.passed]
+    if failed:
+        if not as_json:
+            console.print(f"[red]{len(failed)} of {len(results)} cases failed[/]")
+        raise typer.Exit(EXIT_FAILURE)
+
+
+# More commands of this group (e.g. `make-tiny`, wrapping models.tiny_dit.write_tiny_dit) are
+# added below with `@app.command(...)`.

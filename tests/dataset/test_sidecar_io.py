@@ -1,0 +1,206 @@
+"""Sidecars against Side-Step's recorded behaviour (tests/fixtures/sidestep/sidecars.json)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+
+from hotstep_ray.core.errors import InputError
+from hotstep_ray.core.storage import Storage
+from hotstep_ray.dataset.sidecar import (
+    LoadedSidecar,
+    load_sidecar,
+    load_sidecar_metadata,
+    normalize_sidecar,
+    parse_sidecar_bytes,
+    render_sidecar,
+    write_sidecar,
+)
+
+FIXTURE = json.loads(
+    (Path(__file__).parents[1] / "fixtures" / "sidestep" / "sidecars.json").read_text("utf-8")
+)
+PARSE = {case["name"]: case for case in FIXTURE["parse_cases"]}
+WRITE = {case["name"]: case for case in FIXTURE["write_cases"]}
+AUDIO = "My_Song-01.wav"
+# Write cases where we differ from Side-Step on purpose (see hotstep_ray/dataset/sidecar.py).
+DELIBERATE = {"none_values", "extra_keys_sorted"}
+
+
+def _input_bytes(case: dict) -> bytes:
+    return base64.b64decode(case["input_b64"])
+
+
+def _put_case(storage: Storage, case: dict) -> None:
+    storage.write_bytes("My_Song-01.txt", _input_bytes(case))
+    for name, text in case["sibling_files"].items():
+        storage.write_bytes(name, text.encode("utf-8"))
+
+
+def test_fixture_counts():
+    assert len(PARSE) == 27
+    assert len(WRITE) == 10
+    assert DELIBERATE <= set(WRITE)
+
+
+@pytest.mark.parametrize("name", sorted(PARSE))
+def test_parse_txt_metadata(name):
+    case = PARSE[name]
+    assert parse_sidecar_bytes(_input_bytes(case)) == case["parse_txt_metadata"]
+
+
+@pytest.mark.parametrize("name", sorted(PARSE))
+def test_load_sidecar_metadata(storage, name):
+    case = PARSE[name]
+    _put_case(storage, case)
+    assert load_sidecar_metadata(storage, AUDIO) == case["load_sidecar_metadata"]
+
+
+@pytest.mark.parametrize("name", sorted(PARSE))
+def test_normalize_sidecar(name):
+    case = PARSE[name]
+    loaded = case["load_sidecar_metadata"]
+    if case["normalize_sidecar"] is None:
+        # Side-Step then uses default_sample_meta, which is what normalising {} gives.
+        assert loaded == {}
+        expected = FIXTURE["meta"]["default_sample_meta_for_My_Song-01.wav"]
+    else:
+        expected = case["normalize_sidecar"]
+    assert normalize_sidecar(loaded, AUDIO) == expected
+
+
+def test_loader_conventions(storage):
+    _put_case(storage, PARSE["basic_full"])
+    assert load_sidecar(storage, "My_Song-01").convention == "txt"
+    _put_case(storage, PARSE["no_caption_with_caption_txt"])
+    split = load_sidecar(storage, "My_Song-01")
+    assert (split.convention, split.files) == (
+        "split",
+        ("My_Song-01.txt", "My_Song-01.caption.txt", "My_Song-01.lyrics.txt"),
+    )
+    assert load_sidecar(storage, "Nothing").convention == "none"
+    storage.write_bytes("Only.txt", b"la la\n")
+    assert load_sidecar(storage, "Only") == LoadedSidecar(
+        {"lyrics": "la la"}, "lyrics_only", ("Only.txt",)
+    )
+
+
+def test_empty_caption_line_keeps_txt_convention(storage):
+    # Unpinned by the fixtures: both writers emit `caption: ` for an unlabeled song, and such a
+    # file must not turn into "the whole text is lyrics".
+    storage.write_bytes("s.txt", render_sidecar({"genre": "rock", "lyrics": "la"}))
+    loaded = load_sidecar(storage, "s")
+    assert loaded.convention == "txt"
+    assert loaded.fields["genre"] == "rock"
+    assert normalize_sidecar(loaded.fields, "s.wav")["is_instrumental"] is False
+
+
+def test_unreadable_sidecar_raises(tmp_path):
+    (tmp_path / "song.txt").mkdir()  # a folder where the sidecar should be
+    with pytest.raises(InputError, match="cannot read sidecar .*song.txt"):
+        load_sidecar(Storage(tmp_path), "song")
+
+
+@pytest.mark.parametrize("name", sorted(set(WRITE) - DELIBERATE))
+def test_write_sidecar_bytes(storage, name):
+    case = WRITE[name]
+    fields = json.loads(case["input_dict_json"])
+    expected = base64.b64decode(case["bytes_b64"])
+    assert render_sidecar(fields) == expected
+    assert write_sidecar(storage, "x.txt", fields) is True
+    assert storage.read_bytes("x.txt") == expected
+    assert parse_sidecar_bytes(expected) == case["parse_txt_metadata_of_written"]
+
+
+def test_write_matches_sidestep_on_all_but_the_deliberate_cases():
+    matching = {
+        name
+        for name, case in WRITE.items()
+        if name not in DELIBERATE
+        and render_sidecar(json.loads(case["input_dict_json"]))
+        == base64.b64decode(case["bytes_b64"])
+    }
+    assert len(matching) == 8
+
+
+def test_deliberate_none_is_written_empty():
+    case = WRITE["none_values"]
+    sidestep = base64.b64decode(case["bytes_b64"])
+    assert sidestep.startswith(b"caption: None\ngenre: None\n")  # what Side-Step writes
+    ours = render_sidecar(json.loads(case["input_dict_json"]))
+    assert ours == (b"caption: \ngenre: \nbpm: \nkey: \nsignature: \nis_instrumental: \nlyrics:\n")
+    assert parse_sidecar_bytes(ours)["caption"] == ""  # not the caption "None"
+
+
+def test_deliberate_unknown_keys_are_refused():
+    case = WRITE["extra_keys_sorted"]
+    fields = json.loads(case["input_dict_json"])
+    # Side-Step writes them, and its own parser folds them into the previous field:
+    assert case["parse_txt_metadata_of_written"]["is_instrumental"] == "alpha: a"
+    assert case["parse_txt_metadata_of_written"]["repeat"] == "2\nzeta: z"
+    with pytest.raises(InputError, match=r"\['alpha', 'zeta'\]"):
+        render_sidecar(fields)
+    # Without them (the empty `empty_extra` is fine), the bytes are Side-Step's minus those lines.
+    known = {k: v for k, v in fields.items() if k not in ("alpha", "zeta")}
+    sidestep = base64.b64decode(case["bytes_b64"])
+    ours = render_sidecar(known)
+    assert ours == sidestep.replace(b"alpha: a\n", b"").replace(b"zeta: z\n", b"")
+    reread = parse_sidecar_bytes(ours)
+    assert (reread["is_instrumental"], reread["repeat"], reread["custom_tag"]) == ("", "2", "zxq")
+
+
+def test_deliberate_value_that_would_read_back_as_a_key_is_refused():
+    with pytest.raises(InputError, match="'caption'.*'bpm: 5'"):
+        render_sidecar({"caption": "line1\n  bpm: 5"})
+    # Lyrics are terminal, so key-like lines are safe there; `[x: y]` lines are never keys.
+    fields = {"caption": "a\n[Chorus: loud]", "lyrics": "bpm: 5\ncaption: no"}
+    assert parse_sidecar_bytes(render_sidecar(fields)) == {
+        "caption": "a\n[Chorus: loud]",
+        "genre": "",
+        "bpm": "",
+        "key": "",
+        "signature": "",
+        "is_instrumental": "",
+        "lyrics": "bpm: 5\ncaption: no",
+    }
+
+
+def test_deliberate_aliases_written_canonically_and_audio_codes_dropped():
+    out = render_sidecar(
+        {"caption": "c", "keyscale": "D major", "tempo": 99, "lang": "fr", "audio_codes": "1,2"}
+    )
+    assert out == (
+        b"caption: c\ngenre: \nbpm: 99\nkey: D major\nsignature: \nis_instrumental: \n"
+        b"language: fr\nlyrics:\n"
+    )
+    assert render_sidecar({"key": "E minor", "scale": "A minor"}).count(b"key: E minor\n") == 1
+
+
+def test_round_trip_keeps_every_parsed_field():
+    # Everything the parser can produce (trigger and tags included) survives a rewrite; only
+    # boolean words are lower-cased, as Side-Step's writer does ("TRUE" -> "true").
+    def words(value: str) -> str:
+        return value.lower() if value.lower() in ("true", "false") else value
+
+    for case in PARSE.values():
+        parsed = case["parse_txt_metadata"]
+        reread = parse_sidecar_bytes(render_sidecar(parsed))
+        assert {k: v for k, v in reread.items() if v} == {
+            k: words(v) for k, v in parsed.items() if v
+        }
+
+
+def test_write_keeps_bak_and_is_atomic(storage):
+    assert write_sidecar(storage, "sub/a.txt", {"caption": "first"}) is True
+    assert not storage.exists("sub/a.txt.bak")
+    first = storage.read_bytes("sub/a.txt")
+    assert write_sidecar(storage, "sub/a.txt", {"caption": "second"}) is True
+    assert storage.read_bytes("sub/a.txt.bak") == first
+    assert parse_sidecar_bytes(storage.read_bytes("sub/a.txt"))["caption"] == "second"
+    assert storage.list("sub") == ["sub/a.txt", "sub/a.txt.bak"]  # no temp file left
+    # Unchanged bytes: nothing is written, so .bak still holds the last real change.
+    assert write_sidecar(storage, "sub/a.txt", {"caption": "second"}) is False
+    assert storage.read_bytes("sub/a.txt.bak") == first
