@@ -317,6 +317,10 @@ def _classify(folder: Path) -> list[ComponentInfo]:
         return [_official_dit(folder, config)]
     if config.get("_class_name") == "AutoencoderOobleck":
         return [_vae(folder)]
+    # The embedding model's own config may name a CausalLM architecture: trust the folder name
+    # first, then the architecture list.
+    if "embedding" in name.lower() and config.get("model_type") == "qwen3":
+        return [_text_encoder(folder)]
     architectures = " ".join(config.get("architectures") or [])
     if "CausalLM" in architectures or name.lower().startswith("acestep-5hz-lm"):
         return [_lm(folder, config)]

@@ -20,9 +20,10 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 from tokenizers import Tokenizer, processors
 from transformers import PreTrainedTokenizerFast
@@ -243,10 +244,14 @@ def _token_dict(content: str) -> dict:
     }
 
 
-@functools.lru_cache(maxsize=2)
-def tokenizer_files(with_audio_codes: bool = True) -> dict[str, bytes]:
+def tokenizer_files(with_audio_codes: bool = True) -> Mapping[str, bytes]:
     """File name -> bytes of the tokenizer folder (LM with audio codes, else Qwen3-Embedding).
     Cached per process (~45 MB for the LM) so writing a checkpoint tree stays fast."""
+    return MappingProxyType(_tokenizer_files(with_audio_codes))
+
+
+@functools.lru_cache(maxsize=2)
+def _tokenizer_files(with_audio_codes: bool) -> dict[str, bytes]:
     added = _added_tokens(with_audio_codes)
     extra = [text for text, _ in added[26:]] if with_audio_codes else list(QWEN3_EXTRA_SPECIAL)
     config = {
@@ -286,7 +291,7 @@ def tokenizer_files(with_audio_codes: bool = True) -> dict[str, bytes]:
     }
 
 
-def _write_folder(out_dir: str | Path, files: dict[str, bytes]) -> Path:
+def _write_folder(out_dir: str | Path, files: Mapping[str, bytes]) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
@@ -332,7 +337,9 @@ def _wrap(
     return tokenizer
 
 
-def _from_files(files: dict[str, bytes], extra_special: Sequence[str]) -> PreTrainedTokenizerFast:
+def _from_files(
+    files: Mapping[str, bytes], extra_special: Sequence[str]
+) -> PreTrainedTokenizerFast:
     backend = Tokenizer.from_str(files["tokenizer.json"].decode("utf-8"))
     return _wrap(backend, None, files["chat_template.jinja"].decode("utf-8"), extra_special)
 
@@ -350,6 +357,13 @@ def build_text_tokenizer(out_dir: str | Path | None = None) -> PreTrainedTokeniz
     if out_dir is not None:
         return load_tokenizer(save_text_tokenizer(out_dir))
     return _from_files(tokenizer_files(False), QWEN3_EXTRA_SPECIAL)
+
+
+def _token_text(value: object) -> str | None:
+    """Config files spell a token as a string or as an AddedToken dict with "content"."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return None if value is None else str(value)
 
 
 def load_tokenizer(folder: str | Path) -> PreTrainedTokenizerFast:
@@ -378,9 +392,9 @@ def load_tokenizer(folder: str | Path) -> PreTrainedTokenizerFast:
             None,
             file,
             template,
-            [str(t) for t in extra] if isinstance(extra, list) else [],
-            eos=config.get("eos_token", EOS_TOKEN),
-            pad=config.get("pad_token", PAD_TOKEN),
+            [_token_text(t) for t in extra] if isinstance(extra, list) else [],
+            eos=_token_text(config.get("eos_token", EOS_TOKEN)),
+            pad=_token_text(config.get("pad_token", PAD_TOKEN)),
             max_length=int(config.get("model_max_length", MODEL_MAX_LENGTH)),
         )
     except Exception as exc:  # tokenizers raises plain Exceptions on malformed JSON

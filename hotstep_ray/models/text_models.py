@@ -280,7 +280,7 @@ def encode_captions(
         list(texts), padding=padding, truncation=True, max_length=max_length, return_tensors="pt"
     )
     device = encoder.get_input_embeddings().weight.device
-    with torch.inference_mode():
+    with torch.no_grad():
         out = encoder(input_ids=batch["input_ids"].to(device), use_cache=False)
     return out.last_hidden_state, batch["attention_mask"].to(device).bool()
 
@@ -299,6 +299,6 @@ def embed_lyrics(
     )
     embeddings = encoder.get_input_embeddings()
     device = embeddings.weight.device
-    with torch.inference_mode():
+    with torch.no_grad():
         states = embeddings(batch["input_ids"].to(device))
     return states, batch["attention_mask"].to(device).bool()

@@ -41,7 +41,8 @@ def checkpoints(tmp_path: Path) -> Path:
     _json(root / "vae" / "config.json", {"_class_name": "AutoencoderOobleck"})
     _weights(root / "vae" / "diffusion_pytorch_model.safetensors", torch.float32, w=(8, 8))
     qwen = root / "Qwen3-Embedding-0.6B"
-    _json(qwen / "config.json", {"model_type": "qwen3", "architectures": ["Qwen3Model"]})
+    # The released embedding config may name a CausalLM class: the folder name decides.
+    _json(qwen / "config.json", {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]})
     _weights(qwen / "model.safetensors", w=(16, 16))
     (qwen / "tokenizer.json").write_text("{}")
     lm = root / "acestep-5Hz-lm-1.7B"
@@ -147,3 +148,17 @@ def test_verify_command_fails_on_a_corrupted_copy(tmp_path: Path) -> None:
         app, ["verify", "--checkpoint", str(TINY / "checkpoint"), "--cases", str(tmp_path)]
     )
     assert bad_input.exit_code == 2
+
+
+def test_make_tiny_writes_a_tree_every_stage_can_use(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["make-tiny", str(tmp_path / "tiny"), "--seed", "3"])
+    assert result.exit_code == 0, result.output
+    found = discover(tmp_path / "tiny")
+    assert {info.kind for info in found} == {"dit", "vae", "text_encoder", "lm"}
+    assert all(info.usable for info in found)
+    assert missing_for_stages(found) == {
+        "preprocess": [],
+        "train-dit": [],
+        "train-lm": [],
+        "audition": [],
+    }
