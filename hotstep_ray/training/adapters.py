@@ -1,0 +1,376 @@
+"""One adapter interface for LoRA and LoKR over any `nn.Module`; peft builds the layers.
+
+The trainers only see parameters: `inject` wraps the target `nn.Linear`s in place (the model keeps
+its class and forward signature), freezes everything else, and the functions below save, load,
+scale, merge and measure the adapter.
+
+Names. Every adapter tensor has a canonical key `<module path>.<suffix>` (peft's saved form
+without the `base_model.model.` prefix and adapter name): `layers.0.self_attn.to_q.lora_A.weight`,
+`layers.0.mlp.up_proj.lokr_w2`. Optimizer, checkpoint and export all use these keys.
+
+LoKR is peft's `LoKrConfig`, held to LyCORIS's rules so the export loads in LyCORIS, ComfyUI and
+ACE-Step and reproduces the same ΔW:
+- factor shapes: `w1 [out_l, in_m]`, `w2 [out_k, in_n]` with `(l, k) = factorization(out, factor)`,
+  `(m, n) = factorization(in, factor)`; `w1` is split into `w1_a @ w1_b` only with
+  `decompose_both` and `dim < max(out_l, in_m) / 2`, `w2` into `w2_a @ w2_b` when
+  `dim < max(out_k, in_n) / 2`.
+- alpha: LyCORIS forces alpha = dim (scale 1) when both factors are full matrices; we pass that
+  per module through peft's `alpha_pattern`, so the live scale and the exported `.alpha` agree.
+- init: LyCORIS's (`w1` Kaiming, `w2` / `w2_b` zero), so an untrained adapter is exactly zero.
+- forward: `KronLinear` applies `x @ (w1 ⊗ w2)ᵀ` as two small GEMMs instead of peft's
+  materialised `[out, in]` Kronecker product (≈5× fewer FLOPs at the DiT's `w1 [5, 5]`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from peft import LoKrConfig, LoraConfig, inject_adapter_in_model
+from peft.tuners.lokr import LoKrModel
+from peft.tuners.lokr.layer import Linear as PeftLoKrLinear
+from peft.tuners.lokr.layer import factorization
+from peft.tuners.lora import LoraLayer
+from peft.tuners.tuners_utils import BaseTunerLayer
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch import nn
+
+from hotstep_ray.core.errors import InputError
+
+ADAPTER_NAME = "default"  # peft's default; PeftModel.from_pretrained uses it too
+DIT_ATTENTION_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")  # diffusers AceStep self+cross attn
+LM_ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")  # Qwen3 / official ACE-Step names
+MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
+DEFAULT_TARGETS = DIT_ATTENTION_TARGETS + MLP_TARGETS
+# Block index of a module path: `layers.12.self_attn.to_q` -> 12 (also `blocks.N`, GPT-style `h.N`).
+DEFAULT_LAYER_PATTERN = r"(?:^|\.)(?:layers|blocks|h)\.(\d+)(?:\.|$)"
+_INFO_ATTR = "_hotstep_adapter"
+
+
+class AdapterSpec(BaseModel):
+    """What to train. `rank`/`alpha` are LoRA's r/lora_alpha or LoKR's dim/alpha (LyCORIS's
+    `linear_dim`/`linear_alpha`); alpha 0 means "same as rank"."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["lora", "lokr"] = "lora"
+    rank: int = Field(default=16, ge=1)
+    alpha: float = Field(default=32.0, ge=0)
+    factor: int = -1  # LoKR: -1 = near-square split, else the small side of each factorization
+    decompose_both: bool = False  # LoKR: also split w1 into w1_a @ w1_b when dim allows
+    dropout: float = Field(default=0.0, ge=0, lt=1)  # LoRA input dropout; LoKR has none
+    # Module-name suffixes (`to_q` matches `layers.3.self_attn.to_q`) or full module paths.
+    targets: tuple[str, ...] = DEFAULT_TARGETS
+    # Block indices to adapt (read from the path with `layer_pattern`), or a regex searched in
+    # each module path; None = every block.
+    layers_to_train: tuple[int, ...] | str | None = None
+    layer_pattern: str = DEFAULT_LAYER_PATTERN
+    # Adapter weights are kept in float32 (master weights) even on a bf16 base; BF16 is an
+    # export format only. "base" keeps peft's choice (the base layer's dtype).
+    adapter_dtype: Literal["float32", "base"] = "float32"
+
+    @model_validator(mode="after")
+    def _check(self) -> AdapterSpec:
+        if self.factor != -1 and self.factor < 2:
+            raise ValueError(f"LoKR factor must be -1 or >= 2, got {self.factor}")
+        if self.kind == "lokr" and self.dropout:
+            raise ValueError("LoKR has no input dropout (LyCORIS never implemented it); use 0")
+        if not self.targets:
+            raise ValueError("targets must name at least one module")
+        return self
+
+    @property
+    def effective_alpha(self) -> float:
+        return self.alpha or float(self.rank)
+
+    @classmethod
+    def from_options(cls, options: Any, targets: Sequence[str] | None = None) -> AdapterSpec:
+        """Spec from `TrainDitOptions` / `TrainLmOptions` (duck-typed on their field names).
+        Default targets: DiT attention (+ MLP when `target_mlp`), LM q/k/v/o + MLP."""
+        is_lokr = options.adapter_type == "lokr"
+        if targets is None:
+            if hasattr(options, "target_mlp"):  # DiT
+                targets = DIT_ATTENTION_TARGETS + (MLP_TARGETS if options.target_mlp else ())
+            else:
+                targets = LM_ATTENTION_TARGETS + MLP_TARGETS
+        return cls(
+            kind=options.adapter_type,
+            rank=options.lokr_dim if is_lokr else options.rank,
+            alpha=options.lokr_alpha if is_lokr else options.alpha,
+            factor=options.lokr_factor if is_lokr else -1,
+            decompose_both=options.lokr_decompose_both if is_lokr else False,
+            targets=tuple(targets),
+        )
+
+
+@dataclass(frozen=True)
+class InjectedAdapter:
+    """Kept on the model after `inject`: the spec and the exact module paths adapted."""
+
+    spec: AdapterSpec
+    paths: tuple[str, ...]
+
+
+# -- targeting -----------------------------------------------------------------------------------
+def _matches(path: str, targets: Sequence[str]) -> bool:
+    return any(path == t or path.endswith("." + t) for t in targets)
+
+
+def _in_layers(path: str, spec: AdapterSpec) -> bool:
+    if spec.layers_to_train is None:
+        return True
+    if isinstance(spec.layers_to_train, str):
+        return re.search(spec.layers_to_train, path) is not None
+    found = re.search(spec.layer_pattern, path)
+    return found is not None and int(found.group(1)) in spec.layers_to_train
+
+
+def resolve_targets(model: nn.Module, spec: AdapterSpec) -> list[str]:
+    """Module paths `inject` will adapt, in `named_modules` order. Only `nn.Linear` is allowed
+    (every DiT and LM projection is one); anything else matching is an error, not a skip."""
+    paths = []
+    for path, module in model.named_modules():
+        if not path or not _matches(path, spec.targets) or not _in_layers(path, spec):
+            continue
+        if not isinstance(module, nn.Linear):
+            raise InputError(f"adapter target {path!r} is a {type(module).__name__}, not Linear")
+        paths.append(path)
+    if not paths:
+        raise InputError(
+            f"no module matches targets {list(spec.targets)} "
+            f"(layers_to_train={spec.layers_to_train!r})"
+        )
+    return paths
+
+
+# -- LoKR: LyCORIS shape and alpha rules ---------------------------------------------------------
+@dataclass(frozen=True)
+class LokrShape:
+    """Factor shapes of one Linear `[out, in]`: `w1 [out_l, in_m]`, `w2 [out_k, in_n]`."""
+
+    out_l: int
+    out_k: int
+    in_m: int
+    in_n: int
+    w1_full: bool
+    w2_full: bool
+
+
+def lokr_shape(in_features: int, out_features: int, spec: AdapterSpec) -> LokrShape:
+    in_m, in_n = factorization(in_features, spec.factor)
+    out_l, out_k = factorization(out_features, spec.factor)
+    # peft's factorization skips LyCORIS's final `m <= n` swap when `factor` divides the
+    # dimension and exceeds its square root; the shapes would then differ from LyCORIS's.
+    if in_m > in_n or out_l > out_k:
+        raise InputError(
+            f"LoKR factor {spec.factor} is larger than sqrt of a {out_features}x{in_features} "
+            "layer; LyCORIS would transpose the factors. Use a smaller factor or -1."
+        )
+    w1_full = not (spec.decompose_both and spec.rank < max(out_l, in_m) / 2)
+    w2_full = not spec.rank < max(out_k, in_n) / 2
+    return LokrShape(out_l, out_k, in_m, in_n, w1_full, w2_full)
+
+
+def lokr_alpha(shape: LokrShape, spec: AdapterSpec) -> float:
+    """LyCORIS: alpha = dim (scale 1) when neither factor is low-rank, else the given alpha."""
+    return float(spec.rank) if shape.w1_full and shape.w2_full else spec.effective_alpha
+
+
+def kron_linear(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    scale: float = 1.0,
+) -> torch.Tensor:
+    """`x @ (scale · w1 ⊗ w2)ᵀ` without building the `[a·b, c·d]` Kronecker product.
+
+    x `[..., c·d]`, w1 `[a, c]`, w2 `[b, d]` or its factors `(w2_a [b, r], w2_b [r, d])`.
+    With X = x viewed `[..., c, d]`: (w1 ⊗ w2) x = vec(w1 · X · w2ᵀ), row-major. Each contraction
+    keeps the 2-D weight on the right, so torch folds every leading axis into one GEMM.
+    """
+    a, c = w1.shape
+    lead = x.shape[:-1]
+    h = x.reshape(*lead, c, -1)  # [..., c, d]
+    if isinstance(w2, tuple):
+        h = h @ w2[1].T @ w2[0].T  # [..., c, r] -> [..., c, b]
+    else:
+        h = h @ w2.T  # [..., c, b]
+    b = h.shape[-1]
+    y = h.transpose(-1, -2) @ w1.T  # [..., b, a]
+    y = y.transpose(-1, -2).reshape(*lead, a * b)  # row index i·b + j
+    return y * scale if scale != 1.0 else y
+
+
+class KronLinear(PeftLoKrLinear):
+    """peft's LoKr Linear with the factored forward; merge/ΔW keep peft's materialised path."""
+
+    def _get_delta_activations(
+        self, adapter_name: str, input: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> torch.Tensor:
+        if self.training and self.rank_dropout[adapter_name]:
+            return super()._get_delta_activations(adapter_name, input, *args, **kwargs)
+        if adapter_name in self.lokr_w1:
+            w1 = self.lokr_w1[adapter_name]
+        else:
+            w1 = self.lokr_w1_a[adapter_name] @ self.lokr_w1_b[adapter_name]
+        if adapter_name in self.lokr_w2:
+            w2: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = self.lokr_w2[adapter_name]
+        else:
+            w2 = (self.lokr_w2_a[adapter_name], self.lokr_w2_b[adapter_name])
+        x = self._cast_input_dtype(input, w1.dtype)
+        return kron_linear(x, w1, w2, self.scaling[adapter_name])
+
+
+class _KronLoKrModel(LoKrModel):
+    """peft's LoKr tuner with `KronLinear` for Linear layers (peft's own extension point)."""
+
+    layers_mapping = {**LoKrModel.layers_mapping, nn.Linear: KronLinear}
+
+
+# -- inject --------------------------------------------------------------------------------------
+def inject(model: nn.Module, spec: AdapterSpec) -> nn.Module:
+    """Wrap the target Linears of `model` in place and freeze every other parameter."""
+    if has_adapter(model) or any(True for _ in tuner_layers(model)):
+        raise InputError("model already carries an adapter")
+    paths = resolve_targets(model, spec)
+    model.requires_grad_(False)
+    if spec.kind == "lora":
+        config = LoraConfig(
+            r=spec.rank,
+            lora_alpha=spec.effective_alpha,
+            lora_dropout=spec.dropout,
+            target_modules=paths,
+            bias="none",
+            init_lora_weights=True,  # A Kaiming, B zero: ΔW = 0 at step 0
+        )
+        inject_adapter_in_model(config, model, adapter_name=ADAPTER_NAME)
+    else:
+        alphas = {}
+        for path in paths:
+            layer = model.get_submodule(path)
+            shape = lokr_shape(layer.in_features, layer.out_features, spec)
+            alphas[re.escape(path)] = lokr_alpha(shape, spec)
+        config = LoKrConfig(
+            r=spec.rank,
+            alpha=spec.effective_alpha,
+            decompose_both=spec.decompose_both,
+            decompose_factor=spec.factor,
+            target_modules=paths,
+            init_weights="lycoris",
+            alpha_pattern=alphas,
+        )
+        _KronLoKrModel(model, config, adapter_name=ADAPTER_NAME)  # injects into `model` in place
+    if spec.adapter_dtype == "float32":
+        for param in adapter_parameters(model).values():
+            param.data = param.data.float()
+    setattr(model, _INFO_ATTR, InjectedAdapter(spec=spec, paths=tuple(paths)))
+    return model
+
+
+def has_adapter(model: nn.Module) -> bool:
+    return getattr(model, _INFO_ATTR, None) is not None
+
+
+def adapter_info(model: nn.Module) -> InjectedAdapter:
+    info = getattr(model, _INFO_ATTR, None)
+    if info is None:
+        raise InputError("model has no adapter; call training.adapters.inject first")
+    return info
+
+
+def tuner_layers(model: nn.Module) -> Iterator[tuple[str, BaseTunerLayer]]:
+    """(module path, peft layer) for every adapted module."""
+    for path, module in model.named_modules():
+        if isinstance(module, BaseTunerLayer):
+            yield path, module
+
+
+def spec_scale(layer: BaseTunerLayer) -> float:
+    """The adapter's trained scale α/r, ignoring any `set_scale` multiplier."""
+    alpha = layer.lora_alpha if isinstance(layer, LoraLayer) else layer.alpha
+    return float(alpha[ADAPTER_NAME]) / float(layer.r[ADAPTER_NAME])
+
+
+# -- parameters and state ------------------------------------------------------------------------
+def adapter_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """Canonical key -> adapter parameter (trainable or not), in module order."""
+    params: dict[str, nn.Parameter] = {}
+    for path, layer in tuner_layers(model):
+        for name, param in layer.named_parameters():
+            parts = name.split(".")
+            if parts[0] == "base_layer" or ADAPTER_NAME not in parts:
+                continue
+            params[f"{path}.{'.'.join(p for p in parts if p != ADAPTER_NAME)}"] = param
+    return params
+
+
+def trainable_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """(canonical key, parameter) of every parameter that trains: exactly the adapter's."""
+    return [(key, p) for key, p in adapter_parameters(model).items() if p.requires_grad]
+
+
+def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Detached copies of the adapter tensors under canonical keys (their training dtype)."""
+    return {key: p.detach().clone() for key, p in adapter_parameters(model).items()}
+
+
+@torch.no_grad()
+def load_adapter_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy `state` into the adapter; every key must exist with the same shape, and vice versa."""
+    params = adapter_parameters(model)
+    missing = sorted(set(params) - set(state))
+    unexpected = sorted(set(state) - set(params))
+    if missing or unexpected:
+        raise InputError(
+            f"adapter state does not fit the model: missing {missing[:5]} "
+            f"({len(missing)}), unexpected {unexpected[:5]} ({len(unexpected)})"
+        )
+    for key, param in params.items():
+        if tuple(state[key].shape) != tuple(param.shape):
+            raise InputError(f"{key}: shape {tuple(state[key].shape)} != {tuple(param.shape)}")
+        param.copy_(state[key].to(device=param.device, dtype=param.dtype))
+
+
+# -- scale / enable / merge ----------------------------------------------------------------------
+def set_scale(model: nn.Module, scale: float) -> None:
+    """Multiply every module's α/r by `scale` (0 = base model); refused while merged."""
+    for path, layer in tuner_layers(model):
+        if layer.merged:
+            raise InputError(f"{path} is merged; unmerge before changing the scale")
+        layer.set_scale(ADAPTER_NAME, scale)
+
+
+def set_enabled(model: nn.Module, enabled: bool) -> None:
+    """Switch the adapter off (exact base forward) or back on. peft also drops requires_grad on
+    the adapter weights while disabled and restores it on enable."""
+    for _, layer in tuner_layers(model):
+        layer.enable_adapters(enabled)
+
+
+def merge(model: nn.Module) -> None:
+    """Fold ΔW into the base weights (inference speed); the adapter stays for `unmerge`."""
+    for _, layer in tuner_layers(model):
+        layer.merge(adapter_names=[ADAPTER_NAME])
+
+
+def unmerge(model: nn.Module) -> None:
+    for _, layer in tuner_layers(model):
+        if layer.merged:
+            layer.unmerge()
+
+
+@torch.no_grad()
+def delta_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Module path -> materialised ΔW `[out, in]` (float32, at the current scale)."""
+    return {
+        path: layer.get_delta_weight(ADAPTER_NAME).detach().float()
+        for path, layer in tuner_layers(model)
+    }
+
+
+def base_weight(layer: BaseTunerLayer) -> torch.Tensor:
+    """The frozen `[out, in]` weight under an adapter (includes ΔW while merged)."""
+    return layer.get_base_layer().weight

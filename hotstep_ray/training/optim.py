@@ -1,0 +1,208 @@
+"""Hybrid Muon: orthogonalised momentum for 2-D weights, AdamW for everything else.
+
+Per parameter, not global: a 2-D tensor whose short side is >= `muon_min_dim` (16) goes to Muon;
+vectors, scalars and thin matrices (a LoKR `w1 [4, 5]`, a rank-8 LoRA `A [8, in]`) go to AdamW,
+because orthogonalising a <16-dimensional subspace is vacuous. On the DiT LoKR run this splits
+448 Muon / 352 AdamW.
+
+Learning rate. Muon's update is orthonormal (RMS ≈ 1/sqrt(max side)), about 20× smaller per
+element than AdamW's, so Muon groups run at `lr × muon_lr_scale` (20: 5 undershoots, 50
+overshoots on the DiT). The LR schedule multiplies every group's `base_lr`, so both follow the
+same shape. Weight decay is divided by the same scale, so the decoupled decay per step
+(`lr · wd`) is AdamW's: the scale compensates the update's size, not the decay.
+
+Shape adjustment: torch's `adjust_lr_fn="original"` (Keller Jordan's reference, torch's default):
+lr × sqrt(max(1, rows / cols)). LoKR factors are near-square (ratio ≈ 1), so HOT-Step's ×20
+calibration carries over; a LoRA `B [out, r]` gets its sqrt(out / r) boost as in every published
+Muon. `"match_rms_adamw"` (Moonshot: 0.2·sqrt(max side)) would stack on the ×20 and overshoot.
+
+Precision. torch 2.13's Muon casts the Newton–Schulz iteration to bfloat16 (~1e-2 error after five
+steps); `Muon` below runs it in float32 by default, which matches a float64 reference to 1e-4.
+`ns_dtype=torch.bfloat16` reproduces torch's step bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+MuonAdjustLr = Literal["original", "match_rms_adamw"]
+
+
+def newton_schulz(
+    grad: torch.Tensor,
+    coefficients: tuple[float, float, float],
+    steps: int,
+    eps: float,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Quintic Newton–Schulz: G `[m, n]` -> ≈ U·S'·Vᵀ with S' ∈ (0.5, 1.5), in `dtype`.
+
+    Works on the wide orientation (m <= n) so the Gram matrix `X Xᵀ` is the small `[m, m]`;
+    the Frobenius normalisation bounds the spectral norm by 1 (one slab, one norm)."""
+    a, b, c = coefficients
+    x = grad.to(dtype)
+    tall = grad.size(0) > grad.size(1)
+    if tall:
+        x = x.T
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.T  # [m, m]
+        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)  # b·A + c·A²
+        x = torch.addmm(x, poly, x, beta=a)  # a·X + (b·A + c·A²)·X
+    return x.T if tall else x
+
+
+def lr_ratio(shape: torch.Size | tuple[int, ...], adjust_lr_fn: str | None) -> float:
+    """torch.optim.Muon's per-shape LR multiplier."""
+    rows, cols = shape[0], shape[1]
+    if adjust_lr_fn in (None, "original"):
+        return math.sqrt(max(1.0, rows / cols))
+    if adjust_lr_fn == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(rows, cols))
+    raise ValueError(f"unknown adjust_lr_fn {adjust_lr_fn!r}")
+
+
+class Muon(torch.optim.Muon):
+    """`torch.optim.Muon` (same arguments, state and param groups) with the Newton–Schulz
+    iteration in `ns_dtype`. The update, per parameter:
+
+        buf ← μ·buf + (1−μ)·g;  u ← (1−μ)·g + μ·buf (nesterov) or buf
+        p ← p·(1 − lr·wd) − lr·ratio(shape)·NS(u)
+    """
+
+    def __init__(self, params: Any, *, ns_dtype: torch.dtype = torch.float32, **kwargs: Any):
+        super().__init__(params, **kwargs)
+        self.ns_dtype = ns_dtype
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, momentum = group["lr"], group["momentum"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                grad = param.grad
+                state = self.state[param]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(grad)
+                buf = state["momentum_buffer"]
+                buf.lerp_(grad, 1 - momentum)
+                update = grad.lerp(buf, momentum) if group["nesterov"] else buf
+                ortho = newton_schulz(
+                    update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype
+                )
+                param.mul_(1 - lr * group["weight_decay"])
+                param.add_(
+                    ortho.to(param.dtype), alpha=-lr * lr_ratio(param.shape, group["adjust_lr_fn"])
+                )
+        return loss
+
+
+def is_muon_param(param: torch.Tensor, min_dim: int) -> bool:
+    """2-D with both sides >= min_dim (the short side of a LoRA A/B is the rank)."""
+    return param.ndim == 2 and min(param.shape) >= min_dim
+
+
+class HybridOptimizer:
+    """Muon and AdamW behind one optimizer face: `step`, `zero_grad`, `state_dict`,
+    `load_state_dict`, and `param_groups` (Muon's first) whose `base_lr` the schedule scales."""
+
+    def __init__(
+        self,
+        muon: Muon | None,
+        adamw: torch.optim.AdamW | None,
+        muon_names: list[str],
+        adamw_names: list[str],
+    ) -> None:
+        self.muon, self.adamw = muon, adamw
+        self.muon_names, self.adamw_names = muon_names, adamw_names
+
+    def _parts(self) -> list[tuple[str, torch.optim.Optimizer]]:
+        return [(n, o) for n, o in (("muon", self.muon), ("adamw", self.adamw)) if o is not None]
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [group for _, opt in self._parts() for group in opt.param_groups]
+
+    def step(self) -> None:
+        for _, opt in self._parts():
+            opt.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for _, opt in self._parts():
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: opt.state_dict() for name, opt in self._parts()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        parts = dict(self._parts())
+        if set(state) != set(parts):
+            raise ValueError(f"optimizer state has parts {sorted(state)}, expected {sorted(parts)}")
+        for name, opt in parts.items():
+            opt.load_state_dict(state[name])
+
+    def split_summary(self) -> str:
+        """'448 Muon / 352 AdamW': parameter tensors per optimizer, printed at start."""
+        return f"{len(self.muon_names)} Muon / {len(self.adamw_names)} AdamW"
+
+
+def build_optimizer(
+    named_params: Iterable[tuple[str, nn.Parameter]],
+    kind: Literal["muon", "adamw"] = "muon",
+    lr: float = 1e-4,
+    weight_decay: float = 0.01,
+    *,
+    muon_lr_scale: float = 20.0,
+    muon_momentum: float = 0.95,
+    muon_ns_steps: int = 5,
+    muon_min_dim: int = 16,
+    muon_nesterov: bool = True,
+    muon_adjust_lr: MuonAdjustLr = "original",
+    muon_ns_dtype: torch.dtype = torch.float32,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+) -> HybridOptimizer:
+    """Split `named_params` (frozen ones are skipped) between Muon and AdamW; with
+    `kind="adamw"` everything goes to AdamW. Group `lr` starts at `base_lr`."""
+    muon_named: list[tuple[str, nn.Parameter]] = []
+    adamw_named: list[tuple[str, nn.Parameter]] = []
+    for name, param in named_params:
+        if not param.requires_grad:
+            continue
+        use_muon = kind == "muon" and is_muon_param(param, muon_min_dim)
+        (muon_named if use_muon else adamw_named).append((name, param))
+    muon = None
+    if muon_named:
+        muon_lr = lr * muon_lr_scale
+        muon = Muon(
+            [{"params": [p for _, p in muon_named], "base_lr": muon_lr}],
+            lr=muon_lr,
+            weight_decay=weight_decay / muon_lr_scale,
+            momentum=muon_momentum,
+            nesterov=muon_nesterov,
+            ns_steps=muon_ns_steps,
+            adjust_lr_fn=muon_adjust_lr,
+            ns_dtype=muon_ns_dtype,
+        )
+    adamw = None
+    if adamw_named:
+        adamw = torch.optim.AdamW(
+            [{"params": [p for _, p in adamw_named], "base_lr": lr}],
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+        )
+    if muon is None and adamw is None:
+        raise ValueError("no trainable parameters to optimise")
+    return HybridOptimizer(muon, adamw, [n for n, _ in muon_named], [n for n, _ in adamw_named])

@@ -1,0 +1,196 @@
+"""Adapter invariants on the toy transformer: LoRA and LoKR through one interface."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hotstep_ray.core.contracts import TrainDitOptions, TrainLmOptions
+from hotstep_ray.core.errors import InputError
+from hotstep_ray.training import adapters
+from hotstep_ray.training.adapters import AdapterSpec
+
+SPECS = {
+    "lora": AdapterSpec(kind="lora", rank=4, alpha=8),
+    # factor 4 on 64/128-wide layers: attention w1 [4,4] + full w2 [16,16] (alpha forced to 8),
+    # MLP w2 low-rank [32,8]·[8,16] (alpha 4 kept): both LyCORIS cases at once.
+    "lokr": AdapterSpec(kind="lokr", rank=8, alpha=4, factor=4),
+}
+
+
+@pytest.fixture(params=sorted(SPECS))
+def spec(request: pytest.FixtureRequest) -> AdapterSpec:
+    return SPECS[request.param]
+
+
+def test_only_adapter_parameters_train(spec, make_toy, toy_inputs, randomize):
+    model = adapters.inject(make_toy(0), spec)
+    randomize(model)
+    base_before = {
+        n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad
+    }
+    trainable = adapters.trainable_parameters(model)
+    assert trainable and all(".lora_" in n or ".lokr_" in n for n, _ in trainable)
+    assert {id(p) for _, p in trainable} == {id(p) for p in model.parameters() if p.requires_grad}
+    optimizer = torch.optim.SGD([p for _, p in trainable], lr=0.1)
+    adapter_before = adapters.adapter_state_dict(model)
+    model.train()
+    model(*toy_inputs).square().mean().backward()
+    optimizer.step()
+    for name, param in model.named_parameters():
+        if name in base_before:
+            assert param.grad is None and torch.equal(param, base_before[name]), name
+    after = adapters.adapter_state_dict(model)
+    assert any(not torch.equal(after[k], adapter_before[k]) for k in after)
+
+
+def test_untrained_adapter_is_exactly_the_base(spec, make_toy, toy_inputs):
+    expected = make_toy(0)(*toy_inputs)
+    model = adapters.inject(make_toy(0), spec)
+    assert torch.equal(model(*toy_inputs), expected)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a − b| relative to max |b| (float32 rounding of O(10) outputs is ~1e-6 absolute)."""
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+def test_kron_linear_matches_materialised_kron():
+    generator = torch.Generator().manual_seed(0)
+    w1 = torch.randn(5, 4, generator=generator)  # [a, c]
+    w2 = torch.randn(7, 6, generator=generator)  # [b, d]
+    x = torch.randn(3, 11, 4 * 6, generator=generator)
+    reference = F.linear(x, torch.kron(w1, w2) * 0.5)
+    assert _rel(adapters.kron_linear(x, w1, w2, 0.5), reference) <= 1e-6
+    w2_a, w2_b = torch.randn(7, 3, generator=generator), torch.randn(3, 6, generator=generator)
+    reference = F.linear(x, torch.kron(w1, w2_a @ w2_b))
+    assert _rel(adapters.kron_linear(x, w1, (w2_a, w2_b)), reference) <= 1e-6
+
+
+def test_kron_forward_and_grads_match_peft_materialised_path(make_toy, randomize):
+    model = adapters.inject(make_toy(0), SPECS["lokr"])
+    randomize(model)
+    for path, layer in adapters.tuner_layers(model):
+        x = torch.randn(2, 3, layer.in_features, requires_grad=True)
+        fast = layer._get_delta_activations(adapters.ADAPTER_NAME, x)
+        slow = F.linear(x, layer.get_delta_weight(adapters.ADAPTER_NAME))
+        assert _rel(fast, slow) <= 1e-6, path
+        params = [p for p in layer.parameters() if p.requires_grad]
+        grads_fast = torch.autograd.grad(fast.square().sum(), params)
+        grads_slow = torch.autograd.grad(slow.square().sum(), params)
+        for g_fast, g_slow in zip(grads_fast, grads_slow, strict=True):
+            assert torch.allclose(g_fast, g_slow, rtol=1e-5, atol=1e-6), path
+
+
+@pytest.mark.parametrize(
+    ("in_f", "out_f", "rank", "alpha", "factor", "both"),
+    [(64, 64, 8, 4, 4, False), (64, 128, 8, 4, 4, False), (64, 128, 2, 3, 4, True),
+     (2560, 2560, 512, 512, 6, True), (2560, 6144, 16, 8, -1, False)],
+)  # fmt: skip
+def test_lokr_shapes_and_scale_follow_lycoris(in_f, out_f, rank, alpha, factor, both):
+    from lycoris.modules.lokr import LokrModule
+
+    linear = torch.nn.Linear(in_f, out_f, device="meta")
+    reference = LokrModule(
+        "x", linear, 1.0, lora_dim=rank, alpha=alpha, factor=factor, decompose_both=both
+    )
+    spec = AdapterSpec(kind="lokr", rank=rank, alpha=alpha, factor=factor, decompose_both=both)
+    shape = adapters.lokr_shape(in_f, out_f, spec)
+    w1 = (shape.out_l, shape.in_m)
+    w2 = (shape.out_k, shape.in_n)
+    if reference.use_w1:
+        assert shape.w1_full and tuple(reference.lokr_w1.shape) == w1
+    else:
+        assert not shape.w1_full
+        assert (reference.lokr_w1_a.shape[0], reference.lokr_w1_b.shape[1]) == w1
+    if reference.use_w2:
+        assert shape.w2_full and tuple(reference.lokr_w2.shape) == w2
+    else:
+        assert not shape.w2_full
+        assert (reference.lokr_w2_a.shape[0], reference.lokr_w2_b.shape[1]) == w2
+    assert adapters.lokr_alpha(shape, spec) / rank == pytest.approx(reference.scale)
+
+
+def test_state_round_trip_gives_identical_outputs(spec, make_toy, toy_inputs, randomize):
+    trained = adapters.inject(make_toy(0), spec)
+    randomize(trained)
+    state = adapters.adapter_state_dict(trained)
+    fresh = adapters.inject(make_toy(0), spec)
+    adapters.load_adapter_state(fresh, state)
+    assert torch.equal(fresh(*toy_inputs), trained(*toy_inputs))
+    with pytest.raises(InputError, match="missing"):
+        adapters.load_adapter_state(fresh, dict(list(state.items())[1:]))
+
+
+def test_zero_scale_and_disabled_adapter_equal_the_base(spec, make_toy, toy_inputs, randomize):
+    base = make_toy(0)(*toy_inputs)
+    model = adapters.inject(make_toy(0), spec)
+    randomize(model)
+    adapted = model(*toy_inputs)
+    assert not torch.allclose(adapted, base)
+    adapters.set_scale(model, 0.0)
+    assert torch.equal(model(*toy_inputs), base)
+    adapters.set_scale(model, 1.0)
+    assert torch.equal(model(*toy_inputs), adapted)
+    adapters.set_enabled(model, False)
+    assert torch.equal(model(*toy_inputs), base)
+    adapters.set_enabled(model, True)
+    assert torch.equal(model(*toy_inputs), adapted)
+    assert all(p.requires_grad for _, p in adapters.trainable_parameters(model))
+
+
+def test_merge_equals_unmerged_forward(spec, make_toy, toy_inputs, randomize):
+    model = adapters.inject(make_toy(0), spec)
+    randomize(model)
+    weights = {p: adapters.base_weight(m).clone() for p, m in adapters.tuner_layers(model)}
+    unmerged = model(*toy_inputs)
+    adapters.merge(model)
+    torch.testing.assert_close(model(*toy_inputs), unmerged, rtol=1e-5, atol=1e-5)
+    with pytest.raises(InputError, match="merged"):
+        adapters.set_scale(model, 0.5)
+    adapters.unmerge(model)
+    for path, layer in adapters.tuner_layers(model):
+        torch.testing.assert_close(adapters.base_weight(layer), weights[path])
+
+
+def test_delta_weights_are_scaled_products(make_toy, randomize):
+    model = adapters.inject(make_toy(0), SPECS["lora"])
+    randomize(model)
+    state = adapters.adapter_state_dict(model)
+    deltas = adapters.delta_weights(model)
+    path = "layers.1.mlp.down_proj"
+    expected = state[f"{path}.lora_B.weight"] @ state[f"{path}.lora_A.weight"] * (8 / 4)
+    torch.testing.assert_close(deltas[path], expected)
+    assert deltas[path].shape == (64, 128)
+
+
+def test_targets_and_layer_selection(make_toy):
+    paths = adapters.resolve_targets(make_toy(0), AdapterSpec())
+    assert len(paths) == 2 * 11 and "layers.0.self_attn.to_out.0" in paths
+    only_1 = adapters.resolve_targets(make_toy(0), AdapterSpec(layers_to_train=(1,)))
+    assert len(only_1) == 11 and all(p.startswith("layers.1.") for p in only_1)
+    regex = adapters.resolve_targets(make_toy(0), AdapterSpec(layers_to_train=r"\.cross_attn\."))
+    assert len(regex) == 8 and all(".cross_attn." in p for p in regex)
+    with pytest.raises(InputError, match="no module"):
+        adapters.resolve_targets(make_toy(0), AdapterSpec(targets=("nope",)))
+    with pytest.raises(InputError, match="not Linear"):
+        adapters.resolve_targets(make_toy(0), AdapterSpec(targets=("mlp",)))
+    model = adapters.inject(make_toy(0), AdapterSpec(layers_to_train=(0,)))
+    assert {p.split(".")[1] for p, _ in adapters.tuner_layers(model)} == {"0"}
+    with pytest.raises(InputError, match="already"):
+        adapters.inject(model, AdapterSpec())
+
+
+def test_spec_from_route_options():
+    dit = AdapterSpec.from_options(TrainDitOptions())
+    assert (dit.kind, dit.rank, dit.alpha, dit.factor, dit.decompose_both) == (
+        "lokr", 512, 512, 6, True,
+    )  # fmt: skip
+    assert dit.targets == adapters.DIT_ATTENTION_TARGETS + adapters.MLP_TARGETS
+    lora = AdapterSpec.from_options(TrainDitOptions(adapter_type="lora", target_mlp=False))
+    assert (lora.rank, lora.alpha, lora.targets) == (128, 256, adapters.DIT_ATTENTION_TARGETS)
+    lm = AdapterSpec.from_options(TrainLmOptions())
+    assert lm.targets[:4] == adapters.LM_ATTENTION_TARGETS and lm.rank == 128
+    with pytest.raises(ValueError):
+        AdapterSpec(kind="lokr", dropout=0.1)
