@@ -1,8 +1,9 @@
-"""The main job on the embedded default: bundled songs → dataset, on a local Ray.
+"""The main job on the embedded default: bundled songs → labeled dataset, on a local Ray.
 
 It grows stage by stage into label → preprocess → train → audition as those land; today it renders
-the example songs (once), registers them as a dataset (once; reruns reuse it), rescans them with the
-per-file work spread over Ray tasks, and writes the Side-Step `dataset.json`.
+the example songs (once), registers them as a dataset (once; reruns reuse it) with the per-file work
+spread over Ray tasks, labels every song offline (Essentia BPM/key + the offline captioner, filling
+only what is missing, on Ray actor pools), and writes the Side-Step `dataset.json`.
 """
 
 from __future__ import annotations
@@ -11,8 +12,14 @@ from dataclasses import dataclass
 
 from hotstep_ray.audio.example_songs import write_example_songs
 from hotstep_ray.core import layout
-from hotstep_ray.core.contracts import BuildOptions, CreateDatasetInput, DatasetDetail
-from hotstep_ray.core.events import EventSink
+from hotstep_ray.core.contracts import (
+    BuildOptions,
+    CaptionProviderChoice,
+    CreateDatasetInput,
+    DatasetDetail,
+    LabelOptions,
+)
+from hotstep_ray.core.events import EventSink, child_sink
 from hotstep_ray.core.jobs import Job
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.dataset.store import (
@@ -23,15 +30,28 @@ from hotstep_ray.dataset.store import (
 )
 from hotstep_ray.distributed.map import RayMap
 from hotstep_ray.distributed.runtime import ensure_ray
+from hotstep_ray.labeling.ray_pool import label_dataset_on_ray
 
 EXAMPLE_SONGS_KEY = "examples/songs"
 EXAMPLE_DATASET_NAME = "examples"
 EXAMPLE_TRIGGER = "hsdemo"
 
 
+# The embedded default needs no network and no keys: Essentia + the offline captioner, and only
+# fields a sidecar lacks are filled (a user's own caption or BPM is never replaced).
+OFFLINE_LABELS = LabelOptions(
+    scope="all",
+    use_genius=False,
+    caption=CaptionProviderChoice(provider="offline"),
+    merge_policy="fill_missing",
+    allow_empty=True,
+)
+
+
 @dataclass(frozen=True)
 class MainJobResult:
     job_id: str
+    label_job_id: str
     dataset: DatasetDetail
     dataset_json_url: str
     songs_url: str
@@ -72,11 +92,18 @@ def run_main_job(
         for warning in detail.warnings:
             job.events.log(warning, level="warn")
 
+        job.phase("label")
+        report = label_dataset_on_ray(
+            storage, detail.slug, OFFLINE_LABELS, events=child_sink(job.events)
+        )
+        detail = load_dataset(storage, detail.slug, map_fn=ray_map)  # sidecars changed: rescan
+
         job.phase("build")
         url = build_from_detail(storage, detail, BuildOptions())
         job.summary.dataset_id = detail.id
         return MainJobResult(
             job_id=job.id,
+            label_job_id=report.job_id,
             dataset=detail,
             dataset_json_url=url,
             songs_url=songs.url,

@@ -33,13 +33,22 @@ def test_demo_builds_the_example_dataset_and_reruns_idempotently(tmp_path, ray_s
     assert by_file["04_city_lights.ogg"]["caption"] == "Driving house beat with a minor chord stab"
     assert by_file["06_rain_song.flac"]["lyrics"].startswith("[Verse 1]\nRain on the glass")
     assert by_file["03_sunrise.flac"]["duration"] == 5
+    # The song without a sidecar was labeled offline: Essentia hears its tempo and key (rendered
+    # at 110 BPM in G major) and the offline captioner writes a caption.
+    untitled = by_file["05_untitled.flac"]
+    assert abs(untitled["bpm"] - 110) <= 2 and untitled["keyscale"] == "G major"
+    assert untitled["caption"] and untitled["labeled"] is True
+    # fill_missing never replaces what the user wrote
+    assert by_file["01_morning_drive.flac"]["caption"].startswith("Bright synth-pop")
 
     storage = Storage(tmp_path)
-    jobs = storage.list("jobs")
-    assert len(jobs) == 1
-    job_id = jobs[0].rsplit("/", 1)[-1]
-    assert load_job(storage, job_id).status == "done"
-    events = read_job_events(storage, job_id)
+    jobs = [load_job(storage, key.rsplit("/", 1)[-1]) for key in storage.list("jobs")]
+    assert sorted(job.kind for job in jobs) == ["build", "label"]
+    assert all(job.status == "done" for job in jobs)
+    main = next(job for job in jobs if job.kind == "build")
+    events = read_job_events(storage, main.id)
+    # exactly one terminal status in the main stream: the label sub-job's own is not forwarded
+    assert [e.type for e in events].count("status") == 1
     assert events[-1].type == "status" and events[-1].status == "done"
     assert any(e.type == "progress" and e.phase == "probe" and e.done == 12 for e in events)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from hotstep_ray.cli import dataset_cmd, models_cmd
+from hotstep_ray.cli import dataset_cmd, label_cmd, models_cmd
 from hotstep_ray.cli.common import console, handle_errors
 from hotstep_ray.core.events import LogEvent, ProgressEvent
 
@@ -17,6 +17,7 @@ app = typer.Typer(
 )
 app.add_typer(dataset_cmd.app, name="dataset")
 app.add_typer(models_cmd.app, name="models")
+app.add_typer(label_cmd.app, name="label")
 
 
 def _console_sink(event) -> None:

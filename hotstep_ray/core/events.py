@@ -161,6 +161,18 @@ class EventLog:
         )
 
 
+def child_sink(parent: EventLog) -> EventSink:
+    """Forward a sub-job's events into a parent's log, minus its `job` and terminal `status`
+    events: those belong to the sub-job's own record, and a reader of the parent stream stops at
+    the first `status` it sees."""
+
+    def forward(event: _Event) -> None:
+        if event.type not in ("job", "status"):
+            parent.emit(event)
+
+    return forward
+
+
 def jsonl_sink(storage, key: str) -> EventSink:
     """A sink that appends each event as one line to `key` in a Storage."""
 

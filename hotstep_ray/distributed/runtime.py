@@ -26,7 +26,9 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: b
     if address:
         ray.init(address=address, **kwargs)
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
+        # "local" always starts a fresh instance: without it, ray.init() silently joins any
+        # `ray start` head left running on this machine, with that cluster's resources.
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
     return ray
 
 

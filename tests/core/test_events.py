@@ -12,6 +12,7 @@ from hotstep_ray.core.events import (
     MetricEvent,
     ProgressEvent,
     StatusEvent,
+    child_sink,
     parse_line,
     read_lines,
     to_line,
@@ -65,3 +66,12 @@ def test_a_broken_sink_is_dropped_and_the_others_still_receive():
     log.log("two")
     assert [e.message for e in got] == ["one", "two"]
     assert len(log.errors) == 1 and "terminal closed" in log.errors[0]
+
+
+def test_child_sink_keeps_sub_job_status_out_of_the_parent_stream():
+    got = []
+    parent = EventLog(got.append)
+    forward = child_sink(parent)
+    forward(LogEvent(message="child says hi", ts=1))
+    forward(StatusEvent(status="done"))
+    assert [e.type for e in got] == ["log"]
