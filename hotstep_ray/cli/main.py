@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from hotstep_ray.cli import dataset_cmd, label_cmd, models_cmd
+from hotstep_ray.cli import adapters_cmd, audition_cmd, dataset_cmd, label_cmd, models_cmd
 from hotstep_ray.cli.common import console, handle_errors
 from hotstep_ray.core.events import LogEvent, ProgressEvent
 
@@ -18,6 +18,8 @@ app = typer.Typer(
 app.add_typer(dataset_cmd.app, name="dataset")
 app.add_typer(models_cmd.app, name="models")
 app.add_typer(label_cmd.app, name="label")
+app.add_typer(audition_cmd.app, name="audition")
+app.add_typer(adapters_cmd.app, name="adapters")
 
 
 def _console_sink(event) -> None:

@@ -1,0 +1,433 @@
+"""Audition benchmark: codes -> WAV latency, LM codes/s, p50/p99 under concurrent clients.
+
+Full-size random-initialised models built by `hotstep_ray.models.full_configs` (the loaders'
+classes and config mapping): the 2B DiT's FSQ quantizer + detokenizer (the rest of the DiT is
+built, then dropped), the Oobleck VAE, and the 5 Hz LM (default 1.7B). Everything runs through
+the plain audition classes (`CodesDecoder`, `PlannerLM`), the code Serve replicas run.
+
+Sections (each in its own try/except; the JSON is rewritten after every row):
+  decode        codes -> WAV bytes for 30 s and 240 s, per tiling/compile config: median/p90,
+                GPU-only time, weights and peak memory
+  decode-load   8 and 32 concurrent clients (threads) on one decoder, 30 s clips: p50/p99
+  lm            codes/s for 30 s and 240 s songs (CFG 2.0, metas pinned), per decode engine,
+                base and with a random LoRA r16 adapter (q,k,v,o,gate,up,down)
+  lm-load       8 and 32 concurrent clients on one planner, 30 s songs: p50/p99
+
+  device (three commands, each well under 10 min):
+    python bench/audition_bench.py --sections decode,decode-load --out $OUT/audition_decode.json
+    python bench/audition_bench.py --sections decode --vae-configs compiled,compiled-b2 \
+        --repeat 5 --out $OUT/audition_decode_compiled.json   (torch.compile: one compile per shape)
+    python bench/audition_bench.py --sections lm,lm-load --out $OUT/audition_lm.json
+  CPU dry:  python bench/audition_bench.py --tiny --device cpu --out /tmp/audition_bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, no install
+
+from hotstep_ray.audition.decode import CodesDecoder  # noqa: E402
+from hotstep_ray.audition.planner import LoadedLm, PlannerLM, shared_copy  # noqa: E402
+from hotstep_ray.audition.schemas import LmRequest  # noqa: E402
+from hotstep_ray.models.acestep_dit import resolve_device_dtype  # noqa: E402
+
+GIB = 1024**3
+SECTIONS = ("decode", "decode-load", "lm", "lm-load")
+# Tiling / compile configurations of the VAE decode (TiledVaeDecoder keyword arguments).
+VAE_CONFIGS: dict[str, dict[str, Any]] = {
+    "default": {"tile_frames": 768, "overlap_frames": 32, "tile_batch": 1},
+    "batch2": {"tile_frames": 768, "overlap_frames": 32, "tile_batch": 2},
+    "small-tiles-b4": {"tile_frames": 384, "overlap_frames": 16, "tile_batch": 4},
+    "compiled": {"tile_frames": 768, "overlap_frames": 32, "tile_batch": 1, "compile": True},
+    "compiled-b2": {"tile_frames": 768, "overlap_frames": 32, "tile_batch": 2, "compile": True},
+}
+PIN = {"bpm": 120, "keyscale": "C major", "timesignature": "4", "language": "en"}
+CAPTION = "driving synthwave, analog bass, gated drums, airy female vocal"
+LYRICS = "[verse]\nneon on the water, engines in the rain\n[chorus]\nwe ride until the dawn"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def _stats(ms: list[float]) -> dict[str, float]:
+    return {
+        "n": len(ms),
+        "median_ms": round(statistics.median(ms), 3),
+        "p50_ms": round(_percentile(ms, 50), 3),
+        "p90_ms": round(_percentile(ms, 90), 3),
+        "p99_ms": round(_percentile(ms, 99), 3),
+        "min_ms": round(min(ms), 3),
+        "max_ms": round(max(ms), 3),
+    }
+
+
+def _mem(device: torch.device) -> dict[str, float]:
+    if device.type != "cuda":
+        return {}
+    return {
+        "allocated_gib": round(torch.cuda.memory_allocated(device) / GIB, 3),
+        "peak_allocated_gib": round(torch.cuda.max_memory_allocated(device) / GIB, 3),
+        "peak_reserved_gib": round(torch.cuda.max_memory_reserved(device) / GIB, 3),
+    }
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _codes(seconds: float, seed: int) -> list[int]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 64000, (int(seconds * 5),), generator=generator).tolist()
+
+
+def _param_gib(*modules: torch.nn.Module) -> float:
+    total = sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
+    return round(total / GIB, 3)
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def build_decoder_parts(args, device, dtype):
+    """(quantizer, detokenizer, vae) at full size (or from the tiny tree with --tiny)."""
+    if args.tiny:
+        from hotstep_ray.audition.checkpoints import load_codes_parts
+        from hotstep_ray.models.text_models import load_vae
+
+        quantizer, detokenizer = load_codes_parts(
+            args.tiny_tree / "acestep-v15-turbo", device, dtype
+        )
+        return quantizer, detokenizer, load_vae(args.tiny_tree / "vae", device, dtype)
+    from hotstep_ray.models import full_configs as fc
+
+    models = fc.build_dit(fc.dit_config("2b"), device, dtype, silence_frames=64)
+    quantizer, detokenizer = models.audio_tokenizer.quantizer, models.detokenizer
+    del models  # the transformer and condition encoder are not needed for codes -> audio
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return quantizer, detokenizer, fc.build_vae(device=device, dtype=dtype)
+
+
+def build_lm(args, device, dtype):
+    from hotstep_ray.models.lm_tokenizer import build_lm_tokenizer
+
+    if args.tiny:
+        from hotstep_ray.models.text_models import load_lm
+
+        lm = load_lm(args.tiny_tree / "acestep-5Hz-lm-0.6B", device, dtype)
+        return lm, build_lm_tokenizer(), "0.6B"
+    from hotstep_ray.models import full_configs as fc
+
+    lm = fc.build_lm(fc.LM_CONFIGS[args.lm_size], device, dtype)
+    return lm, build_lm_tokenizer(), args.lm_size
+
+
+def random_lora(lm: torch.nn.Module, rank: int = 16) -> LoadedLm:
+    """A LoRA r16/a32 on every projection of a shared copy, nonzero B (as a trained one)."""
+    from hotstep_ray.training import adapters
+
+    copy = shared_copy(lm)
+    targets = adapters.LM_ATTENTION_TARGETS + adapters.MLP_TARGETS
+    adapters.inject(copy, adapters.AdapterSpec(rank=rank, alpha=2 * rank, targets=targets))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for key, param in adapters.adapter_parameters(copy).items():
+            if "lora_B" in key:
+                noise = torch.randn(param.shape, generator=generator) * 0.01
+                param.copy_(noise.to(param.device, param.dtype))
+    copy.eval().requires_grad_(False)
+    return LoadedLm(name="bench-lora", model=copy, key="")
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def bench_decode(args, device, dtype, record: Callable[[dict], None], parts) -> None:
+    quantizer, detokenizer, vae = parts
+    weights = _param_gib(quantizer, detokenizer, vae)
+    for name in args.vae_configs:
+        decoder = CodesDecoder(quantizer, detokenizer, vae, **VAE_CONFIGS[name])
+        for seconds in args.decode_seconds:
+            codes = _codes(seconds, seed=int(seconds))
+            row: dict[str, Any] = {
+                "section": "decode",
+                "config": name,
+                "tiling": VAE_CONFIGS[name],
+                "seconds": seconds,
+                "codes": len(codes),
+                "weights_gib": weights,
+                "plan": vars(decoder.vae.plan(len(codes) * 5)),
+            }
+            start = time.perf_counter()
+            for _ in range(args.warmup):
+                decoder.decode(codes)
+            row["warmup_s"] = round(time.perf_counter() - start, 2)  # includes any compile
+            gc.collect()
+            _reset_peak(device)
+            gpu_ms, total_ms = [], []
+            for _ in range(args.repeat):
+                start = time.perf_counter()
+                decoder.decode_tensor(codes)  # synchronised decode, audio left on the device
+                gpu_ms.append((time.perf_counter() - start) * 1000)
+                start = time.perf_counter()
+                result = decoder.decode(codes)  # + PCM16 on device, transfer, WAV bytes
+                total_ms.append((time.perf_counter() - start) * 1000)
+            row["decode_to_tensor"] = _stats(gpu_ms)
+            row["codes_to_wav_bytes"] = _stats(total_ms)
+            row["wav_bytes"] = len(result.audio)
+            row["memory"] = _mem(device)
+            row["realtime_x"] = round(seconds / (statistics.median(total_ms) / 1000), 1)
+            record(row)
+        del decoder
+        gc.collect()
+
+
+def _load(fn: Callable[[int], float], clients: int, requests_per_client: int) -> dict[str, Any]:
+    """`clients` threads, each issuing `requests_per_client` calls of fn(i) back to back."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+
+    def client(index: int) -> None:
+        for k in range(requests_per_client):
+            ms = fn(index * requests_per_client + k)
+            with lock:
+                latencies.append(ms)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        list(pool.map(client, range(clients)))
+    wall = time.perf_counter() - start
+    return {
+        "clients": clients,
+        "requests": len(latencies),
+        "wall_s": round(wall, 3),
+        "throughput_rps": round(len(latencies) / wall, 3),
+        **_stats(latencies),
+    }
+
+
+def bench_decode_load(args, device, dtype, record, parts) -> None:
+    decoder = CodesDecoder(*parts, **VAE_CONFIGS[args.load_vae_config])
+    clips = [_codes(args.load_seconds, seed=i) for i in range(8)]
+    decoder.decode(clips[0])
+
+    def one(i: int) -> float:
+        start = time.perf_counter()
+        decoder.decode(clips[i % len(clips)])
+        return (time.perf_counter() - start) * 1000
+
+    for clients in args.clients:
+        row = {
+            "section": "decode-load",
+            "seconds": args.load_seconds,
+            "config": args.load_vae_config,
+        }
+        row.update(_load(one, clients, args.requests_per_client))
+        row["note"] = "one decoder instance: requests queue on its lock (one replica)"
+        record(row)
+
+
+def _lm_request(seconds: float, seed: int, adapter: str = "") -> LmRequest:
+    return LmRequest(caption=CAPTION, lyrics=LYRICS, duration=seconds, lm_seed=seed, **PIN)
+
+
+def bench_lm(args, device, dtype, record, lm_parts) -> None:
+    lm, tokenizer, size = lm_parts
+    lora = random_lora(lm)
+    for mode in args.decode_modes:
+        planner = PlannerLM(lm, tokenizer, lm_size=size, decode_mode=mode)
+        for adapter in (None, lora):
+            for seconds in args.lm_seconds:
+                request = _lm_request(seconds, seed=1)
+                row: dict[str, Any] = {
+                    "section": "lm",
+                    "lm": size,
+                    "decode_mode": mode,
+                    "adapter": "lora-r16-all-proj" if adapter else "",
+                    "seconds": seconds,
+                    "codes": int(seconds * 5),
+                    "cfg_scale": request.cfg_scale,
+                }
+                start = time.perf_counter()
+                planner.generate(request, adapter)  # warm-up: graph capture, allocator
+                row["warmup_s"] = round(time.perf_counter() - start, 2)
+                _reset_peak(device)
+                ms, rates = [], []
+                for k in range(args.lm_repeat):
+                    result = planner.generate(_lm_request(seconds, seed=2 + k), adapter)
+                    ms.append(result.lm_ms)
+                    rates.append(result.codes_per_s)
+                row["latency"] = _stats(ms)
+                row["codes_per_s_median"] = round(statistics.median(rates), 1)
+                row["engines_used"] = sorted(
+                    {s.mode for s in (adapter or planner.base).steppers.values()}
+                )
+                row["memory"] = _mem(device)
+                record(row)
+        del planner
+        gc.collect()
+
+
+def bench_lm_load(args, device, dtype, record, lm_parts) -> None:
+    lm, tokenizer, size = lm_parts
+    planner = PlannerLM(lm, tokenizer, lm_size=size, decode_mode=args.load_decode_mode)
+    planner.generate(_lm_request(args.load_seconds, seed=0))
+
+    def one(i: int) -> float:
+        return planner.generate(_lm_request(args.load_seconds, seed=100 + i)).lm_ms
+
+    for clients in args.clients:
+        row = {
+            "section": "lm-load",
+            "lm": size,
+            "seconds": args.load_seconds,
+            "decode_mode": args.load_decode_mode,
+        }
+        start = time.perf_counter()
+        row.update(_load(one, clients, 1))
+        row["codes_per_s_aggregate"] = round(
+            clients * args.load_seconds * 5 / (time.perf_counter() - start), 1
+        )
+        row["note"] = "one planner instance: generations queue on its lock (one replica)"
+        record(row)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--out", default=os.path.join(os.environ.get("OUT", "."), "audition_bench.json")
+    )
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--sections", default=",".join(SECTIONS))
+    parser.add_argument("--vae-configs", default="default,batch2,small-tiles-b4")
+    parser.add_argument("--decode-seconds", default="30,240")
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--lm-size", default="1.7B")
+    parser.add_argument("--decode-modes", default="eager,graph")
+    parser.add_argument("--lm-seconds", default="30,240")
+    parser.add_argument("--lm-repeat", type=int, default=3)
+    parser.add_argument("--clients", default="8,32")
+    parser.add_argument("--requests-per-client", type=int, default=4)
+    parser.add_argument("--load-seconds", type=float, default=30.0)
+    parser.add_argument("--load-vae-config", default="default")
+    parser.add_argument("--load-decode-mode", default="graph")
+    parser.add_argument("--tiny", action="store_true", help="tiny checkpoints (CPU dry run)")
+    args = parser.parse_args()
+    args.sections = [s for s in args.sections.split(",") if s]
+    args.vae_configs = [c for c in args.vae_configs.split(",") if c]
+    args.decode_seconds = [float(s) for s in args.decode_seconds.split(",")]
+    args.lm_seconds = [float(s) for s in args.lm_seconds.split(",")]
+    args.decode_modes = [m for m in args.decode_modes.split(",") if m]
+    args.clients = [int(c) for c in args.clients.split(",")]
+    unknown = set(args.sections) - set(SECTIONS) or set(args.vae_configs) - set(VAE_CONFIGS)
+    if unknown:
+        parser.error(f"unknown section/config {sorted(unknown)}")
+    device, dtype = resolve_device_dtype(args.device, args.dtype)
+    if args.tiny:
+        import tempfile
+
+        from hotstep_ray.models.tiny_tree import make_tiny_tree
+
+        args.tiny_tree = make_tiny_tree(tempfile.mkdtemp(prefix="audition-bench-"))
+        torch.set_num_threads(1)
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "torch": torch.__version__,
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "dtype": str(dtype),
+        "tiny": args.tiny,
+        "args": {k: v for k, v in vars(args).items() if k != "tiny_tree"},
+        "rows": [],
+        "errors": [],
+    }
+
+    def flush() -> None:
+        out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+
+    def record(row: dict) -> None:
+        report["rows"].append(row)
+        print(json.dumps(row, default=str), flush=True)
+        flush()
+
+    def attempt(name: str, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception as exc:  # one section failing never loses the others
+            report["errors"].append(
+                {"section": name, "error": repr(exc), "trace": traceback.format_exc()}
+            )
+            print(f"[{name}] failed: {exc!r}", file=sys.stderr, flush=True)
+            flush()
+
+    if {"decode", "decode-load"} & set(args.sections):
+        holder: dict[str, Any] = {}
+        attempt(
+            "build-decoder", lambda: holder.update(parts=build_decoder_parts(args, device, dtype))
+        )
+        if "parts" in holder:
+            if "decode" in args.sections:
+                attempt(
+                    "decode", lambda: bench_decode(args, device, dtype, record, holder["parts"])
+                )
+            if "decode-load" in args.sections:
+                attempt(
+                    "decode-load",
+                    lambda: bench_decode_load(args, device, dtype, record, holder["parts"]),
+                )
+        holder.clear()
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if {"lm", "lm-load"} & set(args.sections):
+        holder = {}
+        attempt("build-lm", lambda: holder.update(lm=build_lm(args, device, dtype)))
+        if "lm" in holder:
+            if "lm" in args.sections:
+                attempt("lm", lambda: bench_lm(args, device, dtype, record, holder["lm"]))
+            if "lm-load" in args.sections:
+                attempt("lm-load", lambda: bench_lm_load(args, device, dtype, record, holder["lm"]))
+    report["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+    flush()
+    print(f"wrote {out}", flush=True)
+    return 1 if report["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

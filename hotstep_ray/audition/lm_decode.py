@@ -1,0 +1,245 @@
+"""Token-by-token decoding of the 5 Hz LM: CFG rows, sampling, and three step engines.
+
+A `Stepper` runs a Qwen3ForCausalLM over 1 row (no CFG) or 2 rows ([cond, uncond]) and returns
+the last hidden state [B, H]; logits are taken only over the vocabulary slice a phase may emit
+(text ids for the CoT, the 64,000 code ids for codes), so the 217,204-row head is never applied
+in full. Both rows always receive the same sampled token (LM CFG as upstream: the uncond branch
+follows the cond branch's choices).
+
+Engines:
+- "eager": transformers DynamicCache, 2-D padding mask (the reference; any device).
+- "static": StaticCache of fixed length and a 4-D bool mask we keep ourselves (any device).
+- "graph": "static" with the decode step captured once in a CUDA graph and replayed (CUDA only;
+  falls back to "static" when capture fails). Kernel launches, not FLOPs, bound batch-2 decode.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache, StaticCache
+
+from hotstep_ray.models.lm_tokenizer import PAD_ID
+
+log = logging.getLogger(__name__)
+# Static cache lengths. A request always lands in the same bucket, whatever ran before, so its
+# attention reductions (over the masked cache length) and hence its codes never depend on history.
+STATIC_BUCKETS = (1024, 2048, 4096, 8192, 16384)
+
+
+def static_bucket(tokens: int) -> int:
+    """The smallest static cache length holding `tokens` (prompt + new tokens + 1)."""
+    for size in STATIC_BUCKETS:
+        if tokens <= size:
+            return size
+    raise ValueError(f"{tokens} tokens exceed the largest static cache ({STATIC_BUCKETS[-1]})")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.85  # 0 = greedy
+    top_p: float = 0.9  # 1 = off
+    top_k: int = 0  # 0 = off
+    cfg_scale: float = 2.0  # <= 1 = no CFG (one row)
+    rep_penalty: float = 1.0  # 1 = off; HF-style over the last `rep_window` emitted tokens
+    rep_window: int = 64
+
+    @property
+    def uses_cfg(self) -> bool:
+        return self.cfg_scale > 1.0
+
+
+def combine_cfg(logits: torch.Tensor, cfg_scale: float) -> torch.Tensor:
+    """[B, V] -> [V]: row 0 alone, or uncond + cfg * (cond - uncond) over [cond, uncond]."""
+    if logits.shape[0] == 1:
+        return logits[0]
+    cond, uncond = logits[0], logits[1]
+    return uncond + cfg_scale * (cond - uncond)
+
+
+def sample_token(
+    logits: torch.Tensor,  # [V] float32 over the allowed slice
+    params: Sampling,
+    generator: torch.Generator,
+    recent: torch.Tensor | None = None,  # [n] slice indices emitted recently
+) -> torch.Tensor:
+    """Index into the slice ([] long, on the logits' device). Repetition penalty, temperature,
+    top-k, top-p, then an exponential-race draw (argmax p / E, E ~ Exp(1)): exact categorical
+    sampling with one generator call and no host sync."""
+    logits = logits.float()
+    if params.rep_penalty != 1.0 and recent is not None and recent.numel():
+        picked = logits[recent]
+        penalised = torch.where(
+            picked > 0, picked / params.rep_penalty, picked * params.rep_penalty
+        )
+        logits = logits.index_copy(0, recent, penalised)
+    if params.temperature <= 0:
+        return logits.argmax()
+    logits = logits / params.temperature
+    if 0 < params.top_k < logits.shape[0]:
+        kth = torch.topk(logits, params.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        ordered, order = torch.sort(logits, descending=True)
+        probs = torch.softmax(ordered, dim=-1)
+        drop = (probs.cumsum(-1) - probs) > params.top_p  # the top token is always kept
+        logits = logits.index_copy(0, order, ordered.masked_fill(drop, float("-inf")))
+    probs = torch.softmax(logits, dim=-1)
+    race = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    return (probs / race).argmax()
+
+
+def head_slice(lm: torch.nn.Module, start: int, stop: int):
+    """h [B, H] -> logits [B, stop - start] for vocabulary ids [start, stop) only. A plain
+    bias-free Linear head is sliced (a view); anything else (an adapted head) runs in full."""
+    head = lm.lm_head
+    if type(head) is torch.nn.Linear and head.bias is None:
+        weight = head.weight[start:stop]
+        return lambda h: F.linear(h, weight)
+    return lambda h: head(h)[:, start:stop]
+
+
+def _left_pad(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [B, L] left-padded with PAD_ID, valid [B, L] bool."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
+    valid = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+        valid[i, width - len(row) :] = True
+    return ids.to(device), valid.to(device)
+
+
+class Stepper:
+    """One LM over fixed-count rows; `start` prefills prompts, `step` feeds one shared token."""
+
+    def __init__(self, lm: torch.nn.Module, mode: str = "eager", max_len: int = 0) -> None:
+        """`max_len`: the static cache length (static/graph; 0 = the bucket of the first
+        request). A static stepper serves requests up to that length only."""
+        if mode not in ("eager", "static", "graph"):
+            raise ValueError(f"decode mode {mode!r}: expected eager, static or graph")
+        if mode == "graph" and next(lm.parameters()).device.type != "cuda":
+            mode = "static"
+        self.lm, self.mode, self.max_len = lm, mode, max_len
+        self.device = next(lm.parameters()).device
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._graph_rows = 0
+
+    # -- eager ------------------------------------------------------------------------------
+    def _forward(self, ids, mask, positions, cache) -> torch.Tensor:
+        out = self.lm.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True
+        )
+        return out.last_hidden_state[:, -1]  # [B, H]
+
+    @torch.no_grad()
+    def start(self, rows: list[list[int]], max_new: int) -> torch.Tensor:
+        """Prefill the prompts; returns h [B, H] of each row's last prompt token."""
+        ids, valid = _left_pad(rows, self.device)
+        batch, width = ids.shape
+        self.positions = (valid.long().cumsum(-1) - 1).clamp_min(0)  # [B, L] real positions
+        self.next_pos = self.positions[:, -1:] + 1  # [B, 1]
+        if self.mode == "eager":
+            self.cache = DynamicCache(config=self.lm.config)
+            self.mask2d = valid.long()
+            return self._forward(ids, self.mask2d, self.positions, self.cache)
+        need = width + max_new + 1
+        if not isinstance(getattr(self, "cache", None), StaticCache):
+            self._new_static(batch, self.max_len or static_bucket(need))
+        elif self.static_rows != batch:
+            self._new_static(batch, self.static_len)
+        if need > self.static_len:
+            raise ValueError(
+                f"{need} tokens exceed this stepper's static cache ({self.static_len})"
+            )
+        for layer in self.cache.layers:
+            if getattr(layer, "is_initialized", False):
+                layer.cumulative_length.zero_()
+        # Prefill mask [B, 1, L, M]: causal over real tokens; a pad query sees only itself (so
+        # no row is empty); nothing past L.
+        length = self.static_len
+        q = torch.arange(width, device=self.device)
+        k = torch.arange(length, device=self.device)
+        causal = (k[None, :] <= q[:, None])[None, None]  # [1, 1, L, M]
+        keys = torch.zeros(batch, length, dtype=torch.bool, device=self.device)
+        keys[:, :width] = valid
+        prefill = (causal & keys[:, None, None, :]) | (k[None, :] == q[:, None])[None, None]
+        h = self._forward(ids, self._masks(prefill), self.positions, self.cache)
+        self.step_mask.zero_()
+        self.step_mask[:, 0, 0, :width] = valid
+        self.slot = width  # cache slot the next token is written to
+        return h
+
+    def _new_static(self, batch: int, length: int) -> None:
+        if getattr(self.lm.config, "use_sliding_window", False):
+            raise ValueError("static decoding supports full attention only")
+        self.cache = StaticCache(config=self.lm.config, max_cache_len=length)
+        self.static_rows, self.static_len = batch, length
+        self.step_mask = torch.zeros(batch, 1, 1, length, dtype=torch.bool, device=self.device)
+        self.step_ids = torch.zeros(batch, 1, dtype=torch.long, device=self.device)
+        self.step_pos = torch.zeros(batch, 1, dtype=torch.long, device=self.device)
+        self.step_out: torch.Tensor | None = None
+        self._graph = None
+
+    def _masks(self, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"full_attention": mask, "sliding_attention": mask}
+
+    def _static_step(self) -> torch.Tensor:
+        return self._forward(self.step_ids, self._masks(self.step_mask), self.step_pos, self.cache)
+
+    @torch.no_grad()
+    def step(self, token: torch.Tensor) -> torch.Tensor:
+        """Feed `token` ([] long, on device) to every row; returns h [B, H]."""
+        batch = self.next_pos.shape[0]
+        if self.mode == "eager":
+            ids = token.view(1, 1).expand(batch, 1)
+            self.mask2d = torch.cat([self.mask2d, self.mask2d.new_ones(batch, 1)], dim=1)
+            h = self._forward(ids, self.mask2d, self.next_pos, self.cache)
+            self.next_pos = self.next_pos + 1
+            return h
+        if self.slot >= self.static_len:
+            raise RuntimeError("static cache full")
+        self.step_ids.copy_(token.view(1, 1).expand(batch, 1))
+        self.step_pos.copy_(self.next_pos)
+        self.step_mask[:, :, :, self.slot] = True
+        self.slot += 1
+        self.next_pos = self.next_pos + 1
+        if self.mode == "graph":
+            return self._replay()
+        return self._static_step()
+
+    def _replay(self) -> torch.Tensor:
+        if self._graph is None:
+            # Warm-up runs advance every layer's write counter: rewind them afterwards (and on
+            # failure), so the slots they wrote are simply overwritten by the real steps.
+            counters = [layer.cumulative_length for layer in self.cache.layers]
+            before = [c.clone() for c in counters]
+            try:
+                self._capture()
+            except Exception as exc:  # capture is an optimisation: fall back, never fail
+                log.warning("CUDA graph capture failed (%s); decoding without graphs", exc)
+                self.mode, self._graph = "static", None
+            finally:
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                for counter, value in zip(counters, before, strict=True):
+                    counter.copy_(value)
+            if self._graph is None:
+                return self._static_step()
+        self._graph.replay()
+        return self.step_out
+
+    def _capture(self) -> None:
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._static_step()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.step_out = self._static_step()
+        self._graph = graph  # capturing ran nothing: the caller replays it for this token

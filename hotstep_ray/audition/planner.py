@@ -1,0 +1,339 @@
+"""The 5 Hz planner LM: caption/lyrics/metas -> (phase 1 CoT when metas are missing) -> codes.
+
+Phase 2 is constrained: after the prompt's `</think>\\n\\n` only the 64,000 code tokens may be
+emitted, exactly int(duration * 5) of them, then `<|im_end|>` is forced. Sampling follows the
+request's temperature / top-p / top-k / CFG and one explicit `lm_seed` (a torch generator drives
+phase 1 then phase 2), so a side is reproducible from its receipt.
+
+Adapters are loaded by catalogue id onto a *shared copy* of the base LM (new module objects, the
+same weight tensors), so the base model never carries an adapter: a base request is
+byte-identical to an adapterless run whatever adapters are cached. `adapter()` keeps an LRU of
+loaded adapters (the plain-class form of `serve.multiplexed`); Serve calls `load_adapter`.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import re
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hotstep_ray.audition import catalogue
+from hotstep_ray.audition.checkpoints import pick
+from hotstep_ray.audition.codes import CODE_HZ, NUM_CODES, codes_sha1
+from hotstep_ray.audition.lm_decode import (
+    Sampling,
+    Stepper,
+    combine_cfg,
+    head_slice,
+    sample_token,
+    static_bucket,
+)
+from hotstep_ray.audition.schemas import LmRequest, LmResult, TriggerInfo
+from hotstep_ray.core import layout
+from hotstep_ray.core.errors import InputError
+from hotstep_ray.core.storage import Storage
+from hotstep_ray.models import prompts
+from hotstep_ray.models.lm_tokenizer import (
+    AUDIO_CODE_BASE_ID,
+    IM_END_ID,
+    THINK_END_ID,
+    load_tokenizer,
+)
+from hotstep_ray.models.text_models import load_lm
+
+DEFAULT_DURATION_S = 30
+_KEYSCALE = re.compile(r"^[A-G](#|b|♯|♭)? (major|minor)$")
+_LANGUAGE = re.compile(r"^([a-z]{2,3}|unknown)$")
+
+
+def shared_copy(module: torch.nn.Module, share: Iterable[object] = ()) -> torch.nn.Module:
+    """A deep copy whose parameters and buffers ARE the original's (no tensor memory): new
+    module objects for an adapter to wrap, while the original stays untouched. Objects in
+    `share` are shared too instead of copied."""
+    memo = {id(t): t for t in itertools.chain(module.parameters(), module.buffers(), share)}
+    return copy.deepcopy(module, memo)
+
+
+@dataclass
+class LoadedLm:
+    """The base LM or one adapter on a shared copy, with its step engines (per row count)."""
+
+    name: str  # "" = base
+    model: torch.nn.Module
+    key: str = ""  # storage key of the adapter folder
+    trigger: TriggerInfo | None = None
+    steppers: dict[tuple[int, int], Stepper] = field(default_factory=dict)
+
+
+@dataclass
+class Plan:
+    """What one `/lm` run produced (LmResult plus the raw phase-2 token ids)."""
+
+    result: LmResult
+    token_ids: list[int]  # phase 2 output: the code tokens then <|im_end|>
+
+
+def validate_phase1(meta: dict[str, Any]) -> dict[str, Any]:
+    """Keep only well-formed planned metas (bpm 30-300, duration 10-600 s, "X major|minor",
+    time signature 2/3/4/6, a language code); the rest is dropped, never guessed."""
+    out: dict[str, Any] = {}
+    if isinstance(meta.get("bpm"), int) and 30 <= meta["bpm"] <= 300:
+        out["bpm"] = meta["bpm"]
+    if isinstance(meta.get("duration"), int) and 10 <= meta["duration"] <= 600:
+        out["duration"] = meta["duration"]
+    keyscale = str(meta.get("keyscale", "")).strip()
+    if _KEYSCALE.match(keyscale):
+        out["keyscale"] = keyscale
+    signature = str(meta.get("timesignature", "")).strip().split("/")[0]
+    if signature in ("2", "3", "4", "6"):
+        out["timesignature"] = signature
+    language = str(meta.get("language", "")).strip().lower()
+    if _LANGUAGE.match(language):
+        out["language"] = language
+    return out
+
+
+class PlannerLM:
+    """The plain class behind `POST /lm`. One generation at a time per instance (a lock)."""
+
+    def __init__(
+        self,
+        lm: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        lm_size: str,
+        storage: Storage | None = None,
+        decode_mode: str = "eager",
+        max_adapters: int = 4,
+    ) -> None:
+        self.base = LoadedLm(name="", model=lm.eval().requires_grad_(False))
+        self.tokenizer, self.lm_size, self.storage = tokenizer, lm_size, storage
+        self.decode_mode, self.max_adapters = decode_mode, max_adapters
+        self.device = next(lm.parameters()).device
+        self._cache: OrderedDict[str, LoadedLm] = OrderedDict()
+        self._lock = threading.RLock()
+
+    @classmethod
+    def from_checkpoints(
+        cls,
+        checkpoints: str | Path,
+        *,
+        data: str | Storage | None = None,
+        lm: str | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | str | None = None,
+        **options: Any,
+    ) -> PlannerLM:
+        info = pick(checkpoints, "lm", lm)
+        if info.variant not in layout.LM_SIZE_FOLDERS:
+            raise InputError(f"{info.path}: cannot tell the LM size (0.6B, 1.7B or 4B)")
+        storage = Storage(data) if isinstance(data, str) else data
+        return cls(
+            load_lm(info.path, device, dtype),
+            load_tokenizer(info.path),
+            lm_size=info.variant,
+            storage=storage,
+            **options,
+        )
+
+    # -- adapters -----------------------------------------------------------------------------
+    def load_adapter(self, adapter_id: str) -> LoadedLm:
+        """Load an LM adapter by catalogue id (uncached). NotFoundError / InputError on a bad id."""
+        from hotstep_ray.training.export import load_exported
+
+        if self.storage is None:
+            raise InputError("this planner has no storage root: adapters cannot be loaded")
+        key = catalogue.resolve_lm_adapter(self.storage, adapter_id, self.lm_size)
+        model = shared_copy(self.base.model)
+        load_exported(model, self.storage, key)
+        model.eval().requires_grad_(False)
+        trigger = catalogue.resolve_trigger(self.storage, key)
+        return LoadedLm(name=adapter_id, model=model, key=key, trigger=trigger)
+
+    def adapter(self, adapter_id: str) -> LoadedLm:
+        """Cached `load_adapter`: the `max_adapters` most recently used stay loaded."""
+        with self._lock:
+            if adapter_id in self._cache:
+                self._cache.move_to_end(adapter_id)
+                return self._cache[adapter_id]
+            loaded = self.load_adapter(adapter_id)
+            self._cache[adapter_id] = loaded
+            while len(self._cache) > self.max_adapters:
+                self._cache.popitem(last=False)
+            return loaded
+
+    @property
+    def cached_adapters(self) -> list[str]:
+        return list(self._cache)
+
+    # -- generation ---------------------------------------------------------------------------
+    def _stepper(self, loaded: LoadedLm, prompts_ids: list[list[int]], new: int) -> Stepper:
+        """The step engine for these rows: eager steppers grow; static ones are kept per
+        (rows, cache bucket), so a request's numerics never depend on earlier requests."""
+        size = 0
+        if self.decode_mode != "eager":
+            size = static_bucket(max(len(r) for r in prompts_ids) + new + 1)
+        key = (len(prompts_ids), size)
+        if key not in loaded.steppers:
+            loaded.steppers[key] = Stepper(loaded.model, self.decode_mode, max_len=size)
+        return loaded.steppers[key]
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _phase1(
+        self,
+        loaded: LoadedLm,
+        caption: str,
+        lyrics: str,
+        params: Sampling,
+        negative: str,
+        max_tokens: int,
+        gen: torch.Generator,
+    ) -> dict[str, Any]:
+        """Free CoT over text ids only, stopped at `</think>` (or forced there)."""
+        rows = [self._ids(prompts.build_lm_phase1_prompt(self.tokenizer, caption, lyrics))]
+        if params.uses_cfg:
+            uncond = prompts.build_lm_phase1_uncond_prompt(self.tokenizer, lyrics, negative)
+            rows.append(self._ids(uncond))
+        stepper = self._stepper(loaded, rows, max_tokens)
+        h = stepper.start(rows, max_tokens)
+        head = head_slice(loaded.model, 0, AUDIO_CODE_BASE_ID)
+        emitted: list[int] = []
+        for _ in range(max_tokens):
+            token = sample_token(combine_cfg(head(h).float(), params.cfg_scale), params, gen)
+            emitted.append(int(token))
+            if emitted[-1] in (THINK_END_ID, IM_END_ID):
+                break
+            h = stepper.step(token)
+        text = self.tokenizer.decode(emitted, skip_special_tokens=False)
+        return validate_phase1(prompts.parse_lm_output(text)[0])
+
+    def _phase2(
+        self,
+        loaded: LoadedLm,
+        rows: list[list[int]],
+        count: int,
+        params: Sampling,
+        gen: torch.Generator,
+    ) -> list[int]:
+        """Exactly `count` codes (slice indices 0..63999), sampled under CFG."""
+        stepper = self._stepper(loaded, rows, count)
+        h = stepper.start(rows, count)
+        head = head_slice(loaded.model, AUDIO_CODE_BASE_ID, AUDIO_CODE_BASE_ID + NUM_CODES)
+        out = torch.empty(count, dtype=torch.long, device=self.device)
+        penalise = params.rep_penalty != 1.0
+        for k in range(count):
+            recent = out[max(0, k - params.rep_window) : k] if penalise else None
+            out[k] = sample_token(
+                combine_cfg(head(h).float(), params.cfg_scale), params, gen, recent
+            )
+            if k + 1 < count:
+                h = stepper.step(out[k] + AUDIO_CODE_BASE_ID)
+        return out.tolist()
+
+    def plan(self, request: LmRequest, adapter: LoadedLm | None = None) -> Plan:
+        """Run one request. `adapter` (from `load_adapter`) wins over `request.lm_adapter`."""
+        with self._lock:
+            if adapter is None and request.lm_adapter:
+                adapter = self.adapter(request.lm_adapter)
+            return self._plan(request, adapter)
+
+    def generate(self, request: LmRequest, adapter: LoadedLm | None = None) -> LmResult:
+        return self.plan(request, adapter).result
+
+    @torch.no_grad()
+    def _plan(self, request: LmRequest, adapter: LoadedLm | None) -> Plan:
+        start = time.perf_counter()
+        loaded = adapter or self.base
+        scale = request.lm_adapter_scale if adapter else 1.0
+        if adapter is not None:
+            from hotstep_ray.training.adapters import set_scale
+
+            set_scale(adapter.model, scale)
+        seed = request.lm_seed if request.lm_seed is not None and request.lm_seed >= 0 else None
+        seed = secrets.randbits(31) if seed is None else seed
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        params = Sampling(
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=request.top_k,
+            cfg_scale=request.cfg_scale,
+            rep_penalty=request.rep_penalty,
+            rep_window=request.rep_window,
+        )
+
+        trigger = None
+        if request.use_trigger and (adapter is not None or request.trigger):
+            override = TriggerInfo(word=request.trigger or "", placement=request.trigger_position)
+            if adapter is not None and self.storage is not None:
+                trigger = catalogue.resolve_trigger(self.storage, adapter.key, override)
+            else:
+                trigger = override.model_copy(update={"source": "override"})
+        caption = catalogue.apply_triggers(request.caption, [trigger] if trigger else [])
+
+        user = prompts.lm_user_metadata(
+            request.bpm, request.keyscale, request.timesignature, request.duration
+        )
+        planned: dict[str, Any] = {}
+        phase1 = not prompts.has_all_metas(user)
+        if phase1:
+            planned = self._phase1(
+                loaded,
+                caption,
+                request.lyrics,
+                params,
+                request.negative_prompt,
+                request.max_cot_tokens,
+                gen,
+            )
+        meta = {**planned, **{k: v for k, v in user.items() if k != "duration"}}
+        duration = request.duration or planned.get("duration") or DEFAULT_DURATION_S
+        count = max(1, int(duration * CODE_HZ))
+        meta["duration"] = int(duration) if float(duration).is_integer() else duration
+        meta["caption"] = caption
+        meta["language"] = request.language or planned.get("language") or "en"
+        cot = prompts.format_cot(meta)
+
+        rows = [
+            self._ids(prompts.build_lm_phase2_prompt(self.tokenizer, caption, request.lyrics, cot))
+        ]
+        if params.uses_cfg:
+            uncond = prompts.build_lm_phase2_uncond_prompt(
+                self.tokenizer, negative_prompt=request.negative_prompt
+            )
+            rows.append(self._ids(uncond))
+        codes = self._phase2(loaded, rows, count, params, gen)
+        elapsed = time.perf_counter() - start
+        result = LmResult(
+            codes=codes,
+            codes_count=len(codes),
+            codes_sha1=codes_sha1(codes),
+            duration=round(len(codes) / CODE_HZ, 1),
+            caption=caption,
+            lyrics=request.lyrics,
+            bpm=meta.get("bpm"),
+            keyscale=meta.get("keyscale"),
+            timesignature=meta.get("timesignature"),
+            language=meta.get("language"),
+            cot=cot,
+            phase1=phase1,
+            lm_seed=seed,
+            lm_adapter=loaded.name,
+            lm_adapter_scale=scale,
+            lm_size=self.lm_size,
+            trigger=trigger,
+            lm_ms=round(elapsed * 1000.0, 3),
+            codes_per_s=round(len(codes) / max(elapsed, 1e-9), 2),
+        )
+        return Plan(result, [AUDIO_CODE_BASE_ID + c for c in codes] + [IM_END_ID])

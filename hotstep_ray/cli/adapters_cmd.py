@@ -1,0 +1,76 @@
+"""`hotstep-ray adapters ...`: the adapter catalogue and the trigger stamper."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from hotstep_ray.cli.common import console, handle_errors, print_json
+from hotstep_ray.core.storage import Storage
+
+app = typer.Typer(help="List trained adapters; stamp trigger words into older ones.")
+
+
+@app.command("list")
+@handle_errors
+def list_cmd(
+    data: str = typer.Option(
+        "./data", "--data", help="Storage root: a folder or s3://bucket/prefix."
+    ),
+    kind: str = typer.Option("", help="Only `lm` or `dit` adapters."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Every adapter under <data>/adapters: base, run, format, size, trigger, trained time."""
+    from hotstep_ray.audition.catalogue import list_adapters
+
+    entries = [e for e in list_adapters(Storage(data)) if not kind or e.kind == kind]
+    if as_json:
+        print_json([e.to_json_dict() for e in entries])
+        return
+    table = Table(title=f"adapters in {data}")
+    for column in ("id", "base", "format", "size", "trigger", "trained"):
+        table.add_column(column, overflow="fold")
+    for e in entries:
+        trigger = f"{e.trigger.word} ({e.trigger.placement}, {e.trigger.source})"
+        table.add_row(
+            e.id,
+            e.base or "?",
+            e.format,
+            f"{e.size_bytes / 1e6:.1f} MB",
+            trigger if e.trigger.word else "-",
+            e.trained_at,
+        )
+    console.print(table)
+
+
+@app.command("stamp-triggers")
+@handle_errors
+def stamp_cmd(
+    path: Path = typer.Argument(..., help="An adapter folder, a tree of them, or a .safetensors."),
+    trigger: str = typer.Option("", help="The trigger word (default: each adapter's folder name)."),
+    position: str = typer.Option("prepend", help="prepend or append."),
+    write: bool = typer.Option(False, "--write", help="Write (default: dry run, nothing written)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Write the trigger metadata into adapter files; tensor bytes unchanged, `.bak` kept."""
+    from hotstep_ray.audition.catalogue import stamp_triggers
+
+    path = path.expanduser().resolve()
+    if path.is_file():
+        storage, key = Storage(path.parent), path.name
+    else:
+        storage, key = Storage(path), ""
+    results = stamp_triggers(storage, key, trigger or None, position, write)
+    if as_json:
+        print_json([r.to_json_dict() for r in results])
+        return
+    table = Table(title="trigger stamp" + ("" if write else " (dry run: add --write)"))
+    for column in ("file", "trigger", "source", "before", "action"):
+        table.add_column(column, overflow="fold")
+    for r in results:
+        before = r.current.get("hot_step_trigger") or r.current.get("modelspec.trigger_phrase")
+        action = "written" if r.written else ("would write" if r.changed else "unchanged")
+        table.add_row(r.key, r.trigger or "-", r.source, before or "-", action)
+    console.print(table)

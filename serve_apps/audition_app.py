@@ -1,0 +1,361 @@
+"""Ray Serve application for the audition: thin deployments over the plain classes.
+
+    CodesDecoder  -> hotstep_ray.audition.decode.CodesDecoder       (fractional GPU)
+    PlannerLM     -> hotstep_ray.audition.planner.PlannerLM         (@serve.multiplexed LM adapters)
+    DitAudition   -> hotstep_ray.audition.dit_audition.DitAudition  (@serve.multiplexed DiT adapters)
+    AuditionIngress (FastAPI): POST /codes-decode, /lm, /audition, /dit-audition;
+                               GET /health, /adapters, /previews, /previews/{id}/{slot}, /docs
+
+Input is validated in the ingress (codes, ranges, adapter ids) so bad requests get a 4xx naming the
+problem and never reach a model replica. Bodies over the cap get 413, a POST without
+Content-Length 411; with a token configured (default: $HOTSTEP_TOKEN at build time) every route
+but /health and the docs needs `Authorization: Bearer <token>`.
+
+`serve run serve_apps/audition.yaml` (from the repo root) or `hotstep-ray audition serve`.
+
+No `from __future__ import annotations` here: FastAPI reads the route annotations in the replica,
+where a by-value pickled function has no module globals to resolve strings against.
+"""
+
+import asyncio
+import hmac
+import os
+import sys
+from typing import Any
+
+import ray.cloudpickle
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from hotstep_ray.audition.errors import EngineSuspendedError, NotFoundError, http_status
+from hotstep_ray.core.errors import HotstepError
+
+# This module is not a package on the workers' path: ship its classes by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+LM_ADAPTERS_PER_REPLICA = 4  # serve.multiplexed LRU size (a decorator constant)
+DIT_ADAPTERS_PER_REPLICA = 2
+PUBLIC_PATHS = ("/health", "/docs", "/openapi.json", "/redoc", "/docs/oauth2-redirect")
+MEDIA = {"wav": "audio/wav", "flac": "audio/flac"}
+
+
+class AuditionAppConfig(BaseModel):
+    """Everything the app needs; `serve run` passes these as `args`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    checkpoints: str
+    data: str
+    device: str | None = None  # None: cuda when present
+    dtype: str | None = None
+    lm: str | None = None  # LM folder name; default: the first usable
+    dit: str | None = None  # DiT folder for the detokenizer and DiT audition; default: a turbo
+    enable_dit: bool = True
+    decode_mode: str = "eager"  # eager | static | graph (CUDA graphs)
+    decoder_gpus: float = 0.25  # fractional: the decoder shares a card
+    lm_gpus: float = 0.5
+    dit_gpus: float = 0.5
+    replica_cpus: float = 0.5
+    cpu_threads: int = 1  # torch threads per replica on CPU (2-core boxes oversubscribe)
+    max_body_bytes: int = 1 << 20
+    token: str | None = None  # bearer token; None: $HOTSTEP_TOKEN when set
+
+
+def _torch_setup(config: AuditionAppConfig) -> None:
+    import torch
+
+    if config.cpu_threads > 0 and not torch.cuda.is_available():
+        torch.set_num_threads(config.cpu_threads)
+
+
+def _actor_options(config: AuditionAppConfig, gpus: float) -> dict[str, Any]:
+    options: dict[str, Any] = {"num_cpus": config.replica_cpus}
+    if config.device != "cpu" and gpus > 0:
+        import torch
+
+        if torch.cuda.is_available():
+            options["num_gpus"] = gpus
+    return options
+
+
+@serve.deployment(name="CodesDecoder", max_ongoing_requests=16)
+class DecoderDeployment:
+    def __init__(self, config: dict) -> None:
+        from hotstep_ray.audition.decode import CodesDecoder
+
+        cfg = AuditionAppConfig(**config)
+        _torch_setup(cfg)
+        self.decoder = CodesDecoder.from_checkpoints(
+            cfg.checkpoints, dit=cfg.dit, device=cfg.device, dtype=cfg.dtype
+        )
+
+    async def decode(self, codes: list[int], fmt: str):
+        return await asyncio.to_thread(self.decoder.decode, codes, fmt)
+
+
+@serve.deployment(name="PlannerLM", max_ongoing_requests=8)
+class PlannerDeployment:
+    def __init__(self, config: dict) -> None:
+        from hotstep_ray.audition.planner import PlannerLM
+
+        cfg = AuditionAppConfig(**config)
+        _torch_setup(cfg)
+        self.planner = PlannerLM.from_checkpoints(
+            cfg.checkpoints,
+            data=cfg.data,
+            lm=cfg.lm,
+            device=cfg.device,
+            dtype=cfg.dtype,
+            decode_mode=cfg.decode_mode,
+        )
+
+    @serve.multiplexed(max_num_models_per_replica=LM_ADAPTERS_PER_REPLICA)
+    async def get_adapter(self, adapter_id: str):
+        return await asyncio.to_thread(self.planner.load_adapter, adapter_id)
+
+    async def generate(self, request: dict):
+        from hotstep_ray.audition.schemas import LmRequest
+
+        adapter_id = serve.get_multiplexed_model_id()
+        loaded = await self.get_adapter(adapter_id) if adapter_id else None
+        return await asyncio.to_thread(self.planner.generate, LmRequest(**request), loaded)
+
+
+@serve.deployment(name="DitAudition", max_ongoing_requests=4)
+class DitDeployment:
+    def __init__(self, config: dict) -> None:
+        from hotstep_ray.audition.dit_audition import DitAudition
+
+        cfg = AuditionAppConfig(**config)
+        _torch_setup(cfg)
+        self.dit = DitAudition.from_checkpoints(
+            cfg.checkpoints, data=cfg.data, dit=cfg.dit, device=cfg.device, dtype=cfg.dtype
+        )
+
+    @serve.multiplexed(max_num_models_per_replica=DIT_ADAPTERS_PER_REPLICA)
+    async def get_adapter(self, adapter_id: str):
+        return await asyncio.to_thread(self.dit.load_adapter, adapter_id)
+
+    async def render(self, request: dict):
+        from hotstep_ray.audition.schemas import DitRequest
+
+        adapter_id = serve.get_multiplexed_model_id()
+        loaded = await self.get_adapter(adapter_id) if adapter_id else None
+        return await asyncio.to_thread(self.dit.render, DitRequest(**request), loaded)
+
+
+def _error(exc: BaseException) -> JSONResponse:
+    return JSONResponse({"error": str(exc) or type(exc).__name__}, status_code=http_status(exc))
+
+
+async def _remote(response: Any) -> Any:
+    """Await a handle call; a HotstepError raised in a replica comes back as itself."""
+    try:
+        return await response
+    except HotstepError:
+        raise
+    except Exception as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, HotstepError):
+            raise cause from None
+        raise
+
+
+def make_api(config: AuditionAppConfig) -> FastAPI:
+    """The FastAPI app with the body cap, the bearer token and the error mapping."""
+    api = FastAPI(
+        title="hotstep-ray audition",
+        description="Hear ACE-Step 1.5 adapters: codes -> audio, LM A/B, DiT audition.",
+        version="0.1.0",
+    )
+    token = config.token if config.token is not None else os.environ.get("HOTSTEP_TOKEN") or ""
+    cap = config.max_body_bytes
+
+    @api.middleware("http")
+    async def guard(request: Request, call_next):
+        if token and request.url.path not in PUBLIC_PATHS:
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)
+        if request.method in ("POST", "PUT", "PATCH"):
+            length = request.headers.get("content-length")
+            if length is None or not length.isdigit():
+                return JSONResponse({"error": "a Content-Length header is required"}, 411)
+            if int(length) > cap:
+                return JSONResponse(
+                    {"error": f"request body of {length} bytes exceeds the {cap}-byte cap"}, 413
+                )
+        return await call_next(request)
+
+    @api.exception_handler(HotstepError)
+    async def hotstep_error(_request: Request, exc: HotstepError):
+        return _error(exc)
+
+    @api.exception_handler(RequestValidationError)
+    async def invalid_body(_request: Request, exc: RequestValidationError):
+        detail = [
+            {
+                "loc": [str(p) for p in e.get("loc", ())],
+                "msg": str(e.get("msg")),
+                "type": e.get("type"),
+            }
+            for e in exc.errors()
+        ]
+        problems = [f"{'.'.join(d['loc'][1:]) or 'body'}: {d['msg']}" for d in detail]
+        return JSONResponse({"error": "; ".join(problems), "detail": detail}, 422)
+
+    return api
+
+
+def build_ingress(config: AuditionAppConfig):
+    """The ingress deployment class, bound to a fresh FastAPI app."""
+    from hotstep_ray.audition import catalogue
+    from hotstep_ray.audition.ab import PreviewStore, run_ab_async
+    from hotstep_ray.audition.codes import parse_codes, validate_codes
+    from hotstep_ray.audition.schemas import (
+        AuditionRequest,
+        DecodeRequest,
+        DitRequest,
+        LmRequest,
+        TriggerInfo,
+    )
+
+    api = make_api(config)
+
+    @serve.deployment(name="AuditionIngress", max_ongoing_requests=128)
+    @serve.ingress(api)
+    class AuditionIngress:
+        def __init__(self, decoder: DeploymentHandle, planner: DeploymentHandle, dit, cfg: dict):
+            from hotstep_ray.audition.checkpoints import pick
+            from hotstep_ray.core.storage import Storage
+
+            self.cfg = AuditionAppConfig(**cfg)
+            self.decoder, self.planner, self.dit = decoder, planner, dit
+            self.storage = Storage(self.cfg.data)
+            self.store = PreviewStore(self.storage)
+            self.lm_size = pick(self.cfg.checkpoints, "lm", self.cfg.lm).variant
+            self.dit_name = pick(self.cfg.checkpoints, "dit", self.cfg.dit).name
+
+        def _lm_id(self, adapter: str) -> str:
+            if not adapter:
+                return ""
+            key = catalogue.resolve_lm_adapter(self.storage, adapter, self.lm_size)
+            return key.removeprefix(f"{catalogue.ROOT}/")
+
+        async def _generate(self, request: LmRequest):
+            model_id = self._lm_id(request.lm_adapter)
+            handle = self.planner.options(multiplexed_model_id=model_id)
+            return await _remote(handle.generate.remote(request.model_dump()))
+
+        async def _decode(self, codes: list[int], fmt: str):
+            return await _remote(self.decoder.decode.remote(codes, fmt))
+
+        @api.get("/health")
+        async def health(self) -> dict:
+            return {"status": "ok", "lmSize": self.lm_size, "dit": self.dit_name}
+
+        @api.get("/adapters")
+        async def adapters(self, kind: str | None = None) -> list[dict]:
+            entries = await asyncio.to_thread(catalogue.list_adapters, self.storage)
+            return [e.to_json_dict() for e in entries if kind is None or e.kind == kind]
+
+        @api.post("/codes-decode", response_class=Response)
+        async def codes_decode(self, body: DecodeRequest) -> Response:
+            codes = parse_codes(body.audio_codes)
+            validate_codes(codes)
+            result = await self._decode(codes, body.format)
+            headers = {
+                "X-Codes-Count": str(result.codes_count),
+                "X-Codes-Sha1": result.codes_sha1,
+                "X-Duration-S": f"{result.duration_s:g}",
+                "X-Decode-Ms": f"{result.decode_ms:.3f}",
+            }
+            return Response(result.audio, media_type=MEDIA[result.format], headers=headers)
+
+        @api.post("/lm")
+        async def lm(self, body: LmRequest) -> dict:
+            return (await self._generate(body)).to_json_dict()
+
+        @api.post("/audition")
+        async def audition(self, body: AuditionRequest) -> dict:
+            async def resolve(adapter_id: str, override: TriggerInfo | None) -> TriggerInfo:
+                key = f"{catalogue.ROOT}/{self._lm_id(adapter_id)}"
+                return catalogue.resolve_trigger(self.storage, key, override)
+
+            result, _ = await run_ab_async(
+                body, self._generate, self._decode, resolve, self.store, self.lm_size
+            )
+            return result.to_json_dict()
+
+        @api.post("/dit-audition")
+        async def dit_audition(self, body: DitRequest) -> dict:
+            if self.dit is None:
+                raise NotFoundError("DiT audition is not enabled in this app")
+            if body.audio_codes is not None:
+                validate_codes(parse_codes(body.audio_codes))
+            model_id = ""
+            if body.dit_adapter:
+                key = catalogue.resolve_dit_adapter(self.storage, body.dit_adapter, self.dit_name)
+                model_id = key.removeprefix(f"{catalogue.ROOT}/")
+            handle = self.dit.options(multiplexed_model_id=model_id)
+            result, audio = await _remote(handle.render.remote(body.model_dump()))
+            await asyncio.to_thread(
+                self.store.write, result.preview_id, result.to_json_dict(), audio
+            )
+            return result.to_json_dict()
+
+        @api.get("/previews")
+        async def previews(self, limit: int = 20) -> list[dict]:
+            return await asyncio.to_thread(self.store.list, max(1, min(limit, 40)))
+
+        @api.get("/previews/{preview_id}/{slot}", response_class=Response)
+        async def preview_audio(self, preview_id: str, slot: str) -> Response:
+            data, fmt = await asyncio.to_thread(self.store.audio, preview_id, slot)
+            return Response(data, media_type=MEDIA[fmt])
+
+    return AuditionIngress
+
+
+def build_app(config: AuditionAppConfig | dict):
+    """The bound application graph (deploy with `serve.run(build_app(cfg))`)."""
+    cfg = config if isinstance(config, AuditionAppConfig) else AuditionAppConfig(**config)
+    raw = cfg.model_dump()
+    decoder = DecoderDeployment.options(
+        ray_actor_options=_actor_options(cfg, cfg.decoder_gpus)
+    ).bind(raw)
+    planner = PlannerDeployment.options(ray_actor_options=_actor_options(cfg, cfg.lm_gpus)).bind(
+        raw
+    )
+    dit = None
+    if cfg.enable_dit:
+        dit = DitDeployment.options(ray_actor_options=_actor_options(cfg, cfg.dit_gpus)).bind(raw)
+    ingress = build_ingress(cfg).options(ray_actor_options={"num_cpus": 0})
+    return ingress.bind(decoder, planner, dit, raw)
+
+
+def build_suspended_app(config: AuditionAppConfig | dict):
+    """What serves the routes while a training job holds the GPU: 503 everywhere but /health."""
+    cfg = config if isinstance(config, AuditionAppConfig) else AuditionAppConfig(**config)
+    api = make_api(cfg)
+
+    @serve.deployment(name="AuditionSuspended", ray_actor_options={"num_cpus": 0})
+    @serve.ingress(api)
+    class AuditionSuspended:
+        @api.get("/health")
+        async def health(self) -> dict:
+            return {"status": "suspended"}
+
+        @api.api_route("/{path:path}", methods=["GET", "POST"])
+        async def suspended(self, path: str) -> JSONResponse:
+            return _error(EngineSuspendedError("audition engine released for a training job"))
+
+    return AuditionSuspended.bind()
+
+
+def app_builder(args: dict) -> Any:
+    """`serve run` entry point: `import_path: serve_apps.audition_app:app_builder`."""
+    return build_app(AuditionAppConfig(**args))

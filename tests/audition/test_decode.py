@@ -1,0 +1,82 @@
+"""Codes -> audio: length, determinism, tiling, validation."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from hotstep_ray.audition.codes import codes_sha1, parse_codes, validate_codes
+from hotstep_ray.audition.decode import TiledVaeDecoder
+from hotstep_ray.audition.errors import TooLargeError, http_status
+from hotstep_ray.core.errors import InputError
+
+
+def test_decode_is_a_48k_stereo_wav_of_codes_times_0_2_s(decoder):
+    codes = [0, 17, 63999, 512, 40321, 7, 7]
+    result = decoder.decode(codes)
+    audio, rate = sf.read(io.BytesIO(result.audio), dtype="float32")
+    assert rate == 48_000 and audio.shape == (len(codes) * 9600, 2)
+    assert result.duration_s == pytest.approx(len(codes) * 0.2)
+    assert result.codes_sha1 == codes_sha1(codes)
+    tokens = "".join(f"<|audio_code_{c}|>" for c in codes)
+    assert decoder.decode(tokens).audio == result.audio  # same codes, same bytes
+    assert decoder.decode(",".join(map(str, codes))).audio == result.audio
+    flac, rate = sf.read(io.BytesIO(decoder.decode(codes, "flac").audio))
+    assert rate == 48_000 and flac.shape == audio.shape
+
+
+def test_tiled_decode_equals_the_whole_decode(decoder):
+    vae = decoder.vae.vae
+    latents = torch.randn(1, 230, 64, generator=torch.Generator().manual_seed(0))
+    whole = TiledVaeDecoder(vae, whole_max_frames=1000).decode(latents)
+    tiled = TiledVaeDecoder(vae, tile_frames=64, overlap_frames=16, whole_max_frames=32)
+    assert tiled.plan(230).tiles == 4
+    np.testing.assert_allclose(tiled.decode(latents).numpy(), whole.numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("codes", "error", "message"),
+    [
+        ([64000], InputError, "64000 at position 0 is outside"),
+        ([3, -1], InputError, "-1 at position 1 is outside"),
+        ([], InputError, "empty"),
+        ([1] * 3001, TooLargeError, "600 s"),
+        ("<|audio_code_5|>oops", InputError, "'oops'"),
+        ("1, 2, x3", InputError, "'x3' is not an integer"),
+        ([1, True], InputError, "is not an integer"),
+    ],
+)
+def test_bad_codes_name_the_problem(decoder, codes, error, message):
+    with pytest.raises(error, match=message):
+        decoder.decode(codes)
+
+
+def test_parse_and_status_mapping():
+    assert parse_codes("<|audio_code_1|> <|audio_code_22|>") == [1, 22]
+    assert parse_codes("4 5,6") == [4, 5, 6]
+    validate_codes([0, 63999])
+    assert http_status(TooLargeError("x")) == 413 and http_status(InputError("x")) == 400
+
+
+def test_decode_cli_writes_the_wav(tiny_tree, tmp_path):
+    from typer.testing import CliRunner
+
+    from hotstep_ray.cli import audition_cmd
+
+    codes = tmp_path / "codes.txt"
+    codes.write_text("<|audio_code_3|><|audio_code_9|><|audio_code_27|>\n")
+    out = tmp_path / "x.wav"
+    args = ["decode", str(codes), "--checkpoints", str(tiny_tree), "--out", str(out)]
+    result = CliRunner().invoke(audition_cmd.app, [*args, "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert sf.info(str(out)).frames == 3 * 9600
+    bad = tmp_path / "bad.txt"
+    bad.write_text("64000")
+    failed = CliRunner().invoke(
+        audition_cmd.app, ["decode", str(bad), "--checkpoints", str(tiny_tree)]
+    )
+    assert failed.exit_code == 2 and "outside the codebook" in failed.output
