@@ -5,7 +5,15 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from hotstep_ray.cli import adapters_cmd, audition_cmd, dataset_cmd, label_cmd, models_cmd
+from hotstep_ray.cli import (
+    adapters_cmd,
+    audition_cmd,
+    dataset_cmd,
+    label_cmd,
+    mm3_cmd,
+    models_cmd,
+    preprocess_cmd,
+)
 from hotstep_ray.cli.common import console, handle_errors
 from hotstep_ray.core.events import LogEvent, ProgressEvent
 
@@ -18,8 +26,10 @@ app = typer.Typer(
 app.add_typer(dataset_cmd.app, name="dataset")
 app.add_typer(models_cmd.app, name="models")
 app.add_typer(label_cmd.app, name="label")
+app.add_typer(preprocess_cmd.app, name="preprocess")
 app.add_typer(audition_cmd.app, name="audition")
 app.add_typer(adapters_cmd.app, name="adapters")
+app.add_typer(mm3_cmd.app, name="mm3")
 
 
 def _console_sink(event) -> None:

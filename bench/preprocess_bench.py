@@ -1,0 +1,223 @@
+"""GPU benchmark of preprocessing (issue 5): seconds of audio encoded per GPU-second, and memory.
+
+Full-size random-initialised models in bf16 (`hotstep_ray.models.full_configs`): the Oobleck VAE
+(169 M), Qwen3-Embedding-0.6B, the 2B condition encoder and the audio tokenizer (float32, as
+preprocessing runs it). One batch = `--songs` songs of `--seconds` each, through the same
+`Encoder.encode` the pipeline calls: tiled VAE encode + posterior sample, caption and lyric
+encoding, condition encoder, 5 Hz codes; plus a per-stage breakdown and the CPU cost of
+decoding/resampling one song (how many CPU cores a GPU needs to stay fed).
+
+Goal (issue 5): >= 2000 s of audio per GPU-second with <= 8 GiB per actor. Baseline
+(shared/reference/lm-vae-baseline.md): plain diffusers VAE, 240 s in 334 ms whole (17 GiB) or
+403-483 ms in windows (~3 GiB).
+
+    .venv/bin/python bench/preprocess_bench.py --songs 8 --seconds 240 \\
+        --vae-batch-windows 4,8,16 --compile none,default --baseline > preprocess_bench.json
+
+Prints one JSON object on stdout (progress on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+GIB = 1024**3
+LYRICS = " ".join(
+    ["[verse]", "walking down the empty road tonight, city lights are fading out of sight"] * 40
+)
+CAPTION = (
+    "melancholic synthwave with warm analog pads, gated reverb drums, a driving bassline and a "
+    "breathy female vocal, nostalgic and cinematic, slow build into a wide anthemic chorus"
+)
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    result = fn()
+    torch.cuda.synchronize()
+    return result, time.perf_counter() - start
+
+
+def build_parts(device: torch.device, dtype: torch.dtype):
+    from hotstep_ray.models import full_configs
+    from hotstep_ray.models.lm_tokenizer import build_text_tokenizer
+    from hotstep_ray.preprocess.dit_parts import encoders_from_models
+
+    vae = full_configs.build_vae(device=device, dtype=dtype, seed=1)
+    text = full_configs.build_text_encoder(device=device, dtype=dtype, seed=2)
+    dit = encoders_from_models(
+        full_configs.build_dit(full_configs.dit_config("2b"), device, dtype, seed=0)
+    )
+    torch.cuda.empty_cache()  # the 2B decoder and detokenizer were built and dropped
+    return vae, text, build_text_tokenizer(), dit
+
+
+def baseline_ms(vae: torch.nn.Module, audio: torch.Tensor, iters: int) -> dict[str, float]:
+    """Plain diffusers: `vae.encode(song).latent_dist.sample()` on one whole song."""
+    x = audio[None].to(device="cuda", dtype=next(vae.parameters()).dtype)
+    with torch.no_grad():
+        timed(lambda: vae.encode(x).latent_dist.sample())
+        torch.cuda.reset_peak_memory_stats()
+        times = [timed(lambda: vae.encode(x).latent_dist.sample())[1] for _ in range(iters)]
+    return {
+        "ms": 1000 * statistics.median(times),
+        "peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB,
+    }
+
+
+def cpu_prep_s(seconds: float) -> float:
+    """CPU seconds to resample one stereo 44.1 kHz song to 48 kHz (the decode task's main cost
+    after the codec itself)."""
+    from hotstep_ray.preprocess.resample import resample
+
+    audio = 0.1 * torch.randn(2, int(seconds * 44100))
+    resample(audio[:, :44100], 44100, 48000)
+    start = time.process_time()
+    resample(audio, 44100, 48000)
+    return time.process_time() - start
+
+
+def _unchecked(encoder, items) -> None:
+    """`Encoder.encode`'s work without its NaN check."""
+    latents = encoder.latents(items)
+    encoder.conditions([i.caption_prompt for i in items], [i.lyric_prompt for i in items])
+    for z in latents:
+        z.cpu(), encoder.codes(z).cpu()
+
+
+def run_case(encoder, items, iters: int, weights: int) -> dict[str, Any]:
+    """Median batch time of `encoder.encode(items)` and of each stage, and peak memory."""
+    songs = len(items)
+    seconds = items[0].audio.shape[-1] / 48000
+    latents = encoder.latents(items)  # warm-up: cuDNN autotune, torch.compile
+    finite = all(bool(torch.isfinite(z).all()) for z in latents)
+    # Random weights may overflow bf16 somewhere; `encode` refuses NaN latents, so time the
+    # unchecked stages instead (same work) and say so.
+    run = (lambda: encoder.encode(items)) if finite else (lambda: _unchecked(encoder, items))
+    timed(run)
+    torch.cuda.reset_peak_memory_stats()
+    batch = [timed(run)[1] for _ in range(iters)]
+    latents, vae_s = timed(lambda: encoder.latents(items))
+    captions = [item.caption_prompt for item in items]
+    lyrics = [item.lyric_prompt for item in items]
+    _, cond_s = timed(lambda: encoder.conditions(captions, lyrics))
+    _, codes_s = timed(lambda: [encoder.codes(z) for z in latents])
+    median = statistics.median(batch)
+    peak = torch.cuda.max_memory_allocated()
+    return {
+        "finite_latents": finite,
+        "batch_ms": 1000 * median,
+        "batch_ms_all": [round(1000 * t, 1) for t in batch],
+        "audio_s_per_gpu_s": songs * seconds / median,
+        "ms_per_song": 1000 * median / songs,
+        "stage_ms": {
+            "vae_latents": 1000 * vae_s,
+            "conditions": 1000 * cond_s,
+            "codes_fp32": 1000 * codes_s,
+        },
+        "peak_allocated_gib": peak / GIB,
+        "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB,
+        "activation_peak_gib": (peak - weights) / GIB,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--songs", type=int, default=8, help="songs per encoder batch")
+    parser.add_argument("--seconds", type=float, default=240.0, help="length of each song")
+    parser.add_argument("--vae-chunk", type=int, default=384, help="VAE window, latent frames")
+    parser.add_argument("--vae-overlap", type=int, default=48, help="discarded frames per side")
+    parser.add_argument("--vae-batch-windows", default="4,8", help="comma list to sweep")
+    parser.add_argument(
+        "--compile", default="none", help="comma list: none, default, max-autotune-no-cudagraphs"
+    )
+    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--baseline", action="store_true", help="also time plain diffusers")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU")
+
+    from hotstep_ray.models.prompts import build_dit_caption_prompt, build_lyric_prompt
+    from hotstep_ray.preprocess.encode import Encoder
+    from hotstep_ray.preprocess.items import EncodeItem, EncoderSettings
+
+    torch.backends.cudnn.benchmark = True  # every VAE window has the same shape
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    log("building full-size random models ...")
+    vae, text, tokenizer, dit = build_parts(device, dtype)
+    generator = torch.Generator().manual_seed(0)
+    samples = int(args.seconds * 48000)
+    audios = [
+        (0.1 * torch.randn(2, samples, generator=generator)).pin_memory() for _ in range(args.songs)
+    ]
+    metas = {"bpm": 120, "timesignature": "4", "keyscale": "A minor", "duration": args.seconds}
+    items = [
+        EncodeItem(
+            sample_id=f"song{i}",
+            audio=audios[i],
+            caption_prompt=build_dit_caption_prompt(CAPTION, metas),
+            lyric_prompt=build_lyric_prompt(LYRICS, "en"),
+        )
+        for i in range(args.songs)
+    ]
+    report: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "dtype": "bf16 (audio tokenizer fp32)",
+        "songs": args.songs,
+        "seconds_per_song": args.seconds,
+        "vae_chunk_frames": args.vae_chunk,
+        "vae_overlap_frames": args.vae_overlap,
+        "caption_tokens": len(tokenizer(items[0].caption_prompt)["input_ids"]),
+        "lyric_tokens": len(tokenizer(items[0].lyric_prompt)["input_ids"]),
+        "cpu_resample_s_per_song": cpu_prep_s(args.seconds),
+        "goal": {"audio_s_per_gpu_s": 2000, "max_gib_per_actor": 8},
+    }
+    if args.baseline:
+        log("baseline: plain diffusers whole-song encode ...")
+        report["baseline_whole_song"] = baseline_ms(vae, audios[0], args.iters)
+        torch.cuda.empty_cache()
+    weights = torch.cuda.memory_allocated()
+    report["weights_gib"] = weights / GIB
+    plain_encoder = vae.encoder
+    cases = []
+    for mode in args.compile.split(","):
+        vae.encoder = plain_encoder if mode == "none" else torch.compile(plain_encoder, mode=mode)
+        for windows in (int(w) for w in args.vae_batch_windows.split(",")):
+            settings = EncoderSettings(
+                vae_chunk_frames=args.vae_chunk,
+                vae_overlap_frames=args.vae_overlap,
+                vae_batch_windows=windows,
+            )
+            encoder = Encoder(vae, text, tokenizer, dit, settings, device, dtype)
+            log(f"case compile={mode} vae_batch_windows={windows} ...")
+            case = {"compile": mode, "vae_batch_windows": windows}
+            try:
+                case.update(run_case(encoder, items, args.iters, weights))
+                case["meets_goal"] = (
+                    case["audio_s_per_gpu_s"] >= 2000 and case["peak_allocated_gib"] <= 8
+                )
+            except Exception as exc:  # an OOM in one case should not lose the others
+                case["error"] = f"{type(exc).__name__}: {exc}"
+                torch.cuda.empty_cache()
+            cases.append(case)
+            log(json.dumps(case))
+    report["cases"] = cases
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

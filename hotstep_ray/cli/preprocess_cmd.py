@@ -1,0 +1,155 @@
+"""`hotstep-ray preprocess …`: turn a built dataset into the safetensors tensor cache, and listen
+to what was cached.
+
+    hotstep-ray preprocess run SLUG --data DIR --checkpoints DIR [--variant turbo] [--ray]
+    hotstep-ray preprocess inspect SLUG --decode SAMPLE_ID --out x.wav
+
+`run` records a `preprocess` job (jobs/<id>/job.json + events.jsonl) and works under
+`ray job submit -- hotstep-ray preprocess run … --ray` (RAY_ADDRESS is picked up).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+
+from hotstep_ray.cli.common import console, handle_errors, print_json
+from hotstep_ray.core import layout
+from hotstep_ray.core.errors import InputError
+from hotstep_ray.core.events import LogEvent, ProgressEvent
+from hotstep_ray.core.jobs import Job
+from hotstep_ray.core.storage import Storage
+from hotstep_ray.dataset.store import load_summary
+from hotstep_ray.preprocess.plan import PreprocessRunOptions
+
+app = typer.Typer(
+    help="Encode a dataset into the tensor cache the trainers read; decode a cached target.",
+    no_args_is_help=True,
+)
+
+
+def _console_sink(event) -> None:
+    if isinstance(event, LogEvent):
+        style = {"info": "dim", "warn": "yellow", "error": "red"}[event.level]
+        console.print(f"  [{style}]{escape(event.message)}[/]", highlight=False, soft_wrap=True)
+    elif isinstance(event, ProgressEvent) and event.total:
+        failed = f", {event.failed} failed" if event.failed else ""
+        console.print(f"  [dim]{event.phase}: {event.done}/{event.total}{failed}[/]")
+
+
+@app.command()
+@handle_errors
+def run(
+    slug: str = typer.Argument(..., help="Dataset slug (see `hotstep-ray dataset list`)."),
+    data: str = typer.Option("./data", help="Storage root: a folder or s3://bucket/prefix."),
+    checkpoints: Path = typer.Option(..., help="Checkpoints folder (acestep-v15-*, vae, …)."),
+    variant: str = typer.Option(
+        "", help="DiT folder, path or variant (turbo, base, sft, xl-turbo); default: first."
+    ),
+    vae: str = typer.Option("", help="VAE folder (default: vae/ under --checkpoints)."),
+    text_encoder: str = typer.Option("", help="Qwen3-Embedding folder (default: found)."),
+    sample_id: list[str] = typer.Option(None, help="Only these samples (repeatable)."),
+    max_duration: float = typer.Option(240.0, min=0, help="Cut songs here (s); 0 = never."),
+    normalize: str = typer.Option("peak", help="peak | none."),
+    target_db: float = typer.Option(-1.0, min=-60, max=0, help="Peak level after normalising."),
+    dtype: str = typer.Option("f32", help="Stored tensor dtype: f32 | bf16."),
+    compat: str = typer.Option("hotstep", help="hotstep (inference prompts) | sidestep."),
+    max_caption_tokens: int = typer.Option(512, min=16, max=4096),
+    max_lyric_tokens: int = typer.Option(2048, min=16, max=4096),
+    vae_chunk: int = typer.Option(384, min=64, help="VAE window, latent frames (25/s)."),
+    vae_overlap: int = typer.Option(48, min=0, help="Frames discarded each side of a window."),
+    overwrite: bool = typer.Option(False, help="Re-encode every sample, cached or not."),
+    output_dir: str = typer.Option("", help="Variant folder name (default: the DiT's name)."),
+    sidestep_pt: bool = typer.Option(False, help="Also write Side-Step's <stem>.pt files."),
+    seed: int = typer.Option(0, min=0, help="Posterior-noise seed (mixed with sample ids)."),
+    batch_size: int = typer.Option(4, min=1, help="Songs per encoder call."),
+    use_ray: bool = typer.Option(False, "--ray/--no-ray", help="Run on Ray Data."),
+    ray_address: str = typer.Option("", help="Ray cluster to join (default: $RAY_ADDRESS)."),
+    min_actors: int = typer.Option(1, min=1, help="Encoder actors to start with (Ray)."),
+    max_actors: int = typer.Option(1, min=1, help="Encoder actors to scale up to (Ray)."),
+    gpus_per_actor: float = typer.Option(
+        -1.0, help="GPUs per encoder actor (Ray; 0.25 packs 4 per GPU; -1 = auto)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Preprocess dataset SLUG into tensors/SLUG/<variant>/ (cached samples are skipped)."""
+    options = PreprocessRunOptions(
+        dit_model=variant,
+        vae_model=vae,
+        text_encoder=text_encoder,
+        sample_ids=sample_id or None,
+        max_duration_s=max_duration,
+        normalize=normalize,
+        target_db=target_db,
+        dtype=dtype,
+        compat=compat,
+        max_caption_tokens=max_caption_tokens,
+        max_lyric_tokens=max_lyric_tokens,
+        vae_chunk_frames=vae_chunk,
+        vae_overlap_frames=vae_overlap,
+        overwrite=overwrite,
+        output_dir=output_dir,
+        sidestep_pt=sidestep_pt,
+        seed=seed,
+    )
+    from hotstep_ray.preprocess.ray_pipeline import RayPipelineConfig
+    from hotstep_ray.preprocess.run import preprocess_dataset
+
+    storage = Storage(data)
+    summary = load_summary(storage, slug)
+    config = RayPipelineConfig(
+        min_actors=min_actors,
+        max_actors=max_actors,
+        num_gpus_per_actor=None if gpus_per_actor < 0 else gpus_per_actor,
+        batch_size=batch_size,
+    )
+    with Job(storage, "preprocess", dataset_id=summary.id, sinks=(_console_sink,)) as job:
+        result = preprocess_dataset(
+            storage,
+            slug,
+            options,
+            checkpoints,
+            "ray" if use_ray else "local",
+            job.events,
+            batch_size=batch_size,
+            ray_address=ray_address or None,
+            ray_config=config,
+        )
+    if as_json:
+        print_json(result.to_json_dict())
+        return
+    console.print(
+        f"[green]{result.processed} encoded[/], {result.cached} cached, "
+        f"{result.failed} failed -> {escape(result.tensor_dir)}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    for sid, error in result.errors.items():
+        console.print(f"  [yellow]{sid}[/]: {escape(error)}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+@handle_errors
+def inspect(
+    slug: str = typer.Argument(..., help="Dataset slug."),
+    decode: str = typer.Option(..., help="Sample id whose cached target to decode."),
+    out: Path = typer.Option(..., help="WAV file to write (48 kHz stereo)."),
+    data: str = typer.Option("./data", help="Storage root."),
+    variant: str = typer.Option("", help="Variant folder (default: the only one there is)."),
+    vae: str = typer.Option("", help="VAE folder (default: the one the cache was made with)."),
+) -> None:
+    """Decode a cached target_latents back to audio, to listen to what training will see."""
+    from hotstep_ray.preprocess.run import inspect_decode
+
+    storage = Storage(data)
+    if not variant:
+        root = posixpath.dirname(layout.tensor_dir(slug, "x"))  # tensors/<slug>
+        found = [key.rsplit("/", 1)[-1] for key in storage.list(root) if storage.is_dir(key)]
+        if len(found) != 1:
+            raise InputError(f"pass --variant: {root} holds {found or 'no variants'}")
+        variant = found[0]
+    path = inspect_decode(storage, slug, variant, decode, out, vae_path=vae or None)
+    console.print(f"wrote [bold]{escape(str(path))}[/]", highlight=False, soft_wrap=True)

@@ -1,0 +1,215 @@
+"""`Encoder`: every model preprocessing runs, held on one device, turning prepared songs into the
+tensors the trainers read.
+
+Per song (shapes per sample; T latent frames at 25 Hz, T5 = ceil(T / 5) codes at 5 Hz):
+- target_latents [T, 64]: VAE posterior sample, mean + std * noise, the noise drawn by a CPU
+  generator seeded from (seed, sample id): the same draw on every rerun, device and batch.
+- encoder_hidden_states [L, H] + mask [L]: the condition encoder over the caption prompt (full
+  Qwen3-Embedding forward), the lyric prompt (token embeddings only) and one timbre token from
+  `silence_latent[:750]` (what inference feeds without a reference). L = lyric + 1 + text tokens,
+  no padding: batches pad to the longest and each row is cut back to its valid tokens (the
+  condition encoder packs valid tokens first).
+- context_latents [T, 128]: silence_latent[:T] ‖ ones (text2music context without LM hints).
+- audio_codes [T5]: FSQ indices of the audio tokenizer, run in float32.
+- an optional genre variant of the condition (caption text = genre) for training-time swaps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from hotstep_ray.models.acestep_dit import resolve_device_dtype
+from hotstep_ray.models.acestep_wrappers import tokenize_latents
+from hotstep_ray.models.lm_tokenizer import load_tokenizer
+from hotstep_ray.models.text_models import (
+    embed_lyrics,
+    encode_captions,
+    load_text_encoder,
+    load_vae,
+)
+from hotstep_ray.preprocess.dit_parts import DitEncoders, load_dit_encoders
+from hotstep_ray.preprocess.items import EncodedSample, EncodeItem, EncoderSettings, noise_seed
+from hotstep_ray.preprocess.model_paths import ModelPaths
+from hotstep_ray.preprocess.vae_tiles import encode_moments
+
+TIMBRE_FRAMES = 750  # 30 s of 25 Hz frames: the reference-audio length inference uses
+
+
+def fold_weight_norm(module: torch.nn.Module) -> int:
+    """Bake old-style weight_norm into plain weights (inference only): otherwise every forward
+    recomputes g * v / |v| for all ~100 VAE convs, ~10% of a CPU encode. Returns the count."""
+    folded = 0
+    for sub in module.modules():
+        hooks = [h for h in sub._forward_pre_hooks.values() if type(h).__name__ == "WeightNorm"]
+        for hook in hooks:
+            torch.nn.utils.remove_weight_norm(sub, hook.name)
+            folded += 1
+    return folded
+
+
+def repeat_frames(frames: torch.Tensor, count: int) -> torch.Tensor:
+    """[N, C] -> [count, C]: the first `count` frames, cycling from the start when N < count
+    (the tiny test silence is 8 s; real songs with max_duration 0 can pass the real 600 s)."""
+    if frames.shape[0] >= count:
+        return frames[:count]
+    reps = -(-count // frames.shape[0])
+    return frames.repeat(reps, 1)[:count]
+
+
+class Encoder:
+    """The preprocessing models of one device. Plain Python: the Ray actor wraps one."""
+
+    def __init__(
+        self,
+        vae: torch.nn.Module,
+        text_encoder: torch.nn.Module,
+        tokenizer,
+        dit: DitEncoders,
+        settings: EncoderSettings,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        fold_weight_norm(vae)
+        self.vae, self.text_encoder, self.tokenizer, self.dit = vae, text_encoder, tokenizer, dit
+        self.settings, self.device, self.dtype = settings, device, dtype
+        silence = dit.silence_latent  # [N, 64] float32 CPU
+        # Inference's no-reference timbre input: silence_latent[:750] (not zeros). A short test
+        # silence (the tiny tree's 200 frames) is used whole.
+        timbre = silence[: min(TIMBRE_FRAMES, silence.shape[0])]
+        self._timbre = timbre.to(device=device, dtype=dtype)  # [750, 64]
+
+    @classmethod
+    def load(
+        cls,
+        paths: ModelPaths,
+        settings: EncoderSettings,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | str | None = None,
+    ) -> Encoder:
+        """Load from checkpoint folders. Default: CUDA + bf16 if present, else CPU + float32."""
+        device, dtype = resolve_device_dtype(device, dtype)
+        vae = load_vae(paths.vae, device=device, dtype=dtype)
+        text_encoder = load_text_encoder(paths.text_encoder, device=device, dtype=dtype)
+        tokenizer = load_tokenizer(paths.text_encoder)
+        dit = load_dit_encoders(paths.dit, device, dtype)
+        return cls(vae, text_encoder, tokenizer, dit, settings, device, dtype)
+
+    # -- stages ------------------------------------------------------------------------------
+    def latents(self, items: Sequence[EncodeItem]) -> list[torch.Tensor]:
+        """Posterior samples [T, 64] float32 on the device, one per item."""
+        audios = [torch.as_tensor(item.audio, dtype=torch.float32) for item in items]
+        moments = encode_moments(
+            self.vae,
+            audios,
+            self.settings.vae_chunk_frames,
+            self.settings.vae_overlap_frames,
+            self.settings.vae_batch_windows,
+        )
+        out = []
+        for item, (mean, std) in zip(items, moments, strict=True):
+            generator = torch.Generator().manual_seed(
+                noise_seed(self.settings.seed, item.sample_id)
+            )
+            noise = torch.randn(mean.shape, generator=generator).to(mean.device)
+            out.append(mean + std * noise)
+        return out
+
+    def codes(self, latents: torch.Tensor) -> torch.Tensor:
+        """[T, 64] -> [ceil(T / 5)] int64 FSQ indices (tokenizer in float32, silence-padded)."""
+        silence = self.dit.silence_latent.to(self.device)[None]  # [1, N, 64]
+        out = tokenize_latents(self.dit.audio_tokenizer, latents.float()[None], silence)
+        return out.indices[0, :, 0].long()
+
+    def conditions(
+        self, captions: Sequence[str], lyrics: Sequence[str]
+    ) -> list[tuple[torch.Tensor, int, int]]:
+        """(encoder_hidden_states [L, H] float32, text tokens, lyric tokens) per row, unpadded."""
+        s = self.settings
+        text, text_mask = encode_captions(
+            self.text_encoder, self.tokenizer, captions, max_length=s.max_caption_tokens
+        )
+        lyric, lyric_mask = embed_lyrics(
+            self.text_encoder, self.tokenizer, lyrics, max_length=s.max_lyric_tokens
+        )
+        rows = len(captions)
+        timbre = self._timbre[None].expand(rows, -1, -1)  # [B, 750, 64]
+        order = torch.arange(rows, device=self.device)
+        with torch.no_grad():
+            states, mask = self.dit.condition_encoder(  # masks as long 0/1, as diffusers' pipeline
+                text_hidden_states=text.to(self.dtype),
+                text_attention_mask=text_mask.long(),
+                lyric_hidden_states=lyric.to(self.dtype),
+                lyric_attention_mask=lyric_mask.long(),
+                refer_audio_acoustic_hidden_states_packed=timbre,
+                refer_audio_order_mask=order,
+            )
+        out = []
+        for row in range(rows):
+            valid = int(mask[row].sum())  # packed: the valid tokens come first
+            out.append(
+                (
+                    states[row, :valid].float().clone(),  # not a view of the batch
+                    int(text_mask[row].sum()),
+                    int(lyric_mask[row].sum()),
+                )
+            )
+        return out
+
+    # -- one batch ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def encode(self, items: Sequence[EncodeItem]) -> list[EncodedSample]:
+        """Encode a batch (callers group similar lengths). Raises on any failure; `encode_safe`
+        isolates failing samples."""
+        latents = self.latents(items)
+        for item, z in zip(items, latents, strict=True):
+            if not bool(torch.isfinite(z).all()):
+                raise FloatingPointError(f"{item.sample_id}: VAE latents contain NaN or Inf")
+        conds = self.conditions(
+            [item.caption_prompt for item in items], [item.lyric_prompt for item in items]
+        )
+        genre_rows = [i for i, item in enumerate(items) if item.genre_prompt]
+        genre = {}
+        if genre_rows:
+            found = self.conditions(
+                [items[i].genre_prompt or "" for i in genre_rows],
+                [items[i].lyric_prompt for i in genre_rows],
+            )
+            genre = dict(zip(genre_rows, found, strict=True))
+        silence = self.dit.silence_latent
+        out = []
+        for index, (item, z) in enumerate(zip(items, latents, strict=True)):
+            frames = z.shape[0]
+            context = torch.cat([repeat_frames(silence, frames), torch.ones(frames, 64)], dim=-1)
+            states, s_text, s_lyric = conds[index]
+            sample = EncodedSample(
+                sample_id=item.sample_id,
+                target_latents=z.cpu(),
+                context_latents=context,
+                encoder_hidden_states=states.cpu(),
+                audio_codes=self.codes(z).cpu(),
+                s_text=s_text,
+                s_lyric=s_lyric,
+            )
+            if index in genre:
+                sample.genre_hidden_states = genre[index][0].cpu()
+                sample.s_text_genre = genre[index][1]
+            out.append(sample)
+        return out
+
+    def encode_safe(self, items: Sequence[EncodeItem]) -> list[EncodedSample | Exception]:
+        """`encode`, but a failing batch is retried one item at a time so one bad song (NaN
+        latents, out of memory on an outlier) costs only its own result."""
+        try:
+            return list(self.encode(items))
+        except Exception as exc:
+            if len(items) == 1:
+                return [exc]
+        results: list[EncodedSample | Exception] = []
+        for item in items:
+            try:
+                results.append(self.encode([item])[0])
+            except Exception as exc:  # recorded per sample by the caller
+                results.append(exc)
+        return results

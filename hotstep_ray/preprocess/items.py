@@ -1,0 +1,49 @@
+"""Plain data passed into and out of the `Encoder` (no model imports, so Ray's decode and
+write workers can unpickle rows without loading torch model libraries)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class EncodeItem:
+    sample_id: str
+    audio: np.ndarray | torch.Tensor  # [2, S] float32 planar at 48 kHz
+    caption_prompt: str
+    lyric_prompt: str
+    genre_prompt: str | None = None
+
+
+@dataclass
+class EncodedSample:
+    sample_id: str
+    target_latents: torch.Tensor  # [T, 64] float32, CPU
+    context_latents: torch.Tensor  # [T, 128] float32
+    encoder_hidden_states: torch.Tensor  # [L, H] float32
+    audio_codes: torch.Tensor  # [T5] int64
+    s_text: int
+    s_lyric: int
+    genre_hidden_states: torch.Tensor | None = None  # [Lg, H]
+    s_text_genre: int = 0
+
+
+@dataclass(frozen=True)
+class EncoderSettings:
+    vae_chunk_frames: int = 384
+    vae_overlap_frames: int = 48
+    max_caption_tokens: int = 512
+    max_lyric_tokens: int = 2048
+    vae_batch_windows: int = 4  # VAE windows per forward; ~1 GiB each in bf16 at 384 frames
+    seed: int = 0  # posterior-noise seed, mixed with each sample id
+
+
+def noise_seed(seed: int, sample_id: str) -> int:
+    """A 63-bit generator seed from the run seed and the sample id (stable across processes,
+    unlike Python's salted `hash`)."""
+    digest = hashlib.sha256(f"{seed}:{sample_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)

@@ -1,0 +1,312 @@
+"""What a preprocessing run must do: resolve models, read the dataset's `dataset.json`, decide per
+sample whether the cached tensors are still good, and build each sample's prompts.
+
+A sample is redone when it is new, its output file is gone, its source file's size or mtime
+changed, or its settings hash changed (run options that change tensors, the model fingerprint,
+and the sample's own prompt fields). A sample that failed before and is unchanged keeps its
+recorded error (`overwrite` retries it). Both executors (plain and Ray) run the same plan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pydantic import Field
+
+from hotstep_ray.core import layout
+from hotstep_ray.core.contracts import DatasetSummary, PreprocessOptions
+from hotstep_ray.core.errors import InputError, StorageError
+from hotstep_ray.core.events import EventLog
+from hotstep_ray.core.storage import Storage
+from hotstep_ray.dataset.dataset_json import build_text_prompt, plan_preprocess
+from hotstep_ray.dataset.ids import sample_id as make_sample_id
+from hotstep_ray.dataset.store import build_dataset, load_summary
+from hotstep_ray.models.prompts import build_lyric_prompt, normalize_lyrics
+from hotstep_ray.preprocess.model_paths import ModelPaths, model_fingerprint, resolve_models
+
+FORMAT = "hotstep-ray-preprocess-v1"
+META_FILE = "preprocess_meta.json"
+# Record fields that change a sample's tensors or its stored metadata.
+_RECORD_FIELDS = (
+    "caption",
+    "genre",
+    "lyrics",
+    "bpm",
+    "keyscale",
+    "timesignature",
+    "language",
+    "is_instrumental",
+    "custom_tag",
+    "trigger",
+    "prompt_override",
+    "repeat",
+)
+# Options that change tensors (the rest, e.g. `overwrite`, `sample_ids`, only steer the run).
+_SETTING_FIELDS = (
+    "max_duration_s",
+    "normalize",
+    "target_db",
+    "dtype",
+    "compat",
+    "max_caption_tokens",
+    "max_lyric_tokens",
+    "vae_chunk_frames",
+    "vae_overlap_frames",
+    "seed",
+)
+_STEM_BAD = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class PreprocessRunOptions(PreprocessOptions):
+    """`PreprocessOptions` plus the two settings the shared contract lacks (see the report)."""
+
+    sidestep_pt: bool = False  # also write Side-Step's `<stem>.pt` next to each safetensors
+    seed: int = Field(default=0, ge=0)  # posterior-noise seed, mixed with each sample id
+
+
+def as_run_options(options: PreprocessOptions) -> PreprocessRunOptions:
+    if isinstance(options, PreprocessRunOptions):
+        return options
+    return PreprocessRunOptions.model_validate(options.model_dump())
+
+
+@dataclass
+class SampleJob:
+    """One sample to (re)encode; plain data so it travels through Ray rows as JSON."""
+
+    index: int  # position in the sorted file list (the genre_ratio draw indexes this)
+    sample_id: str
+    rel_path: str
+    audio_path: str  # as dataset.json resolved it
+    source_root: str  # Storage root URL to read from
+    source_key: str
+    stem: str  # output file stem
+    src_size: int
+    src_mtime_ns: int
+    record: dict[str, Any]
+    use_genre: bool
+    tag_position: str
+    pt_metadata: dict[str, Any]
+    settings_hash: str
+    reason: str = "new"  # new | changed | settings | missing | overwrite | retry
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False, default=str)
+
+    @classmethod
+    def from_json(cls, text: str) -> SampleJob:
+        return cls(**json.loads(text))
+
+
+@dataclass
+class RunPlan:
+    slug: str
+    tensor_dir: str  # storage key of tensors/<slug>/<variant_key>
+    paths: ModelPaths
+    fingerprint: str
+    options: PreprocessRunOptions
+    settings: dict[str, Any]  # the hashed run settings
+    dataset_json: str
+    jobs: list[SampleJob]  # to encode, shortest first
+    carried: dict[str, dict[str, Any]]  # sample id -> previous entry kept as is
+    order: list[str]  # every sample id of the variant, in file order
+    previous: dict[str, Any] | None = None
+    removed: list[dict[str, Any]] = field(default_factory=list)  # entries of dropped samples
+
+
+def safe_stem(rel_path: str, sample_id: str) -> str:
+    """`sub/My Song.flac` -> `sub__My_Song-<sample id>`: readable, unique, storage-safe."""
+    stem = posixpath.splitext(rel_path.replace("\\", "/"))[0].replace("/", "__")
+    return f"{_STEM_BAD.sub('_', stem)[:96]}-{sample_id}"
+
+
+def settings_hash(settings: dict[str, Any], job_fields: dict[str, Any]) -> str:
+    text = json.dumps({"run": settings, "sample": job_fields}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def caption_prompt(job: SampleJob, duration_s: float, genre: bool = False) -> str:
+    """The DiT caption prompt. Metas carry the seconds actually encoded (inference writes the
+    requested length; Side-Step writes the whole file's length even when it cuts)."""
+    record = {**job.record, "duration": int(duration_s)}
+    if genre:
+        record["prompt_override"] = "genre"
+    return build_text_prompt(record, job.tag_position, job.use_genre)
+
+
+def genre_prompt(job: SampleJob, duration_s: float) -> str | None:
+    """The genre variant of the caption prompt, when it differs from the main one."""
+    if not job.record.get("genre") or job.record.get("prompt_override"):
+        return None
+    text = caption_prompt(job, duration_s, genre=True)
+    return None if text == caption_prompt(job, duration_s) else text
+
+
+def lyric_prompt(job: SampleJob, compat: str) -> str:
+    """Inference form `# Languages\\n{lang}\\n\\n# Lyric\\n{lyrics}<|endoftext|>`; compat
+    "sidestep" keeps Side-Step's raw lyrics (for parity runs only)."""
+    record = job.record
+    lyrics = normalize_lyrics(record.get("lyrics"), bool(record.get("is_instrumental", False)))
+    if compat == "sidestep":
+        return lyrics
+    return build_lyric_prompt(lyrics, record.get("language") or None)
+
+
+def _dataset_json_location(
+    storage: Storage, slug: str, events: EventLog | None
+) -> tuple[DatasetSummary, Storage, str]:
+    """(summary, storage, key) of the dataset's dataset.json, building it when there is none."""
+    summary = load_summary(storage, slug)
+    url = summary.dataset_json_path
+    if url:
+        parent, name = posixpath.split(url)
+        target = Storage(parent)
+        if target.exists(name):
+            return summary, target, name
+    if not storage.exists(layout.dataset_json(slug)):
+        if events:
+            events.log(f"dataset {slug!r} has no dataset.json yet: building it")
+        url = build_dataset(storage, slug)
+        parent, name = posixpath.split(url)
+        return load_summary(storage, slug), Storage(parent), name
+    return summary, storage, layout.dataset_json(slug)
+
+
+def _source_location(source: Storage, path: str) -> tuple[str, str, str]:
+    """(root URL, key, rel_path) of a file dataset.json resolved to."""
+    try:
+        key = source.key_of(path)
+        return source.url, key, key
+    except StorageError:
+        parent, name = posixpath.split(path)
+        return Storage(parent).url, name, name
+
+
+def _previous_meta(storage: Storage, tensor_dir: str) -> dict[str, Any] | None:
+    key = f"{tensor_dir}/{META_FILE}"
+    if not storage.exists(key):
+        return None
+    try:
+        meta = storage.read_json(key)
+    except StorageError:
+        return None  # unreadable: everything is redone and the file rewritten
+    return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
+
+
+def _stat(root: str, key: str) -> tuple[int, int]:
+    source = Storage(root)
+    try:
+        return source.size(key), source.mtime_ns(key)
+    except (OSError, StorageError):
+        return -1, -1
+
+
+def _reason(
+    job: SampleJob, old: dict | None, present: set[str], opts: PreprocessRunOptions
+) -> str | None:
+    """Why `job` must run, or None when its previous entry stands."""
+    if old is None:
+        return "new"
+    if opts.overwrite:
+        return "overwrite"
+    if (old.get("src_size"), old.get("src_mtime_ns")) != (job.src_size, job.src_mtime_ns):
+        return "changed"
+    if old.get("settings_hash") != job.settings_hash:
+        return "settings"
+    if not old.get("ok"):
+        return None  # failed before, unchanged since: the recorded error stands
+    wanted = [old.get("file")] + ([old.get("pt_file")] if opts.sidestep_pt else [])
+    if not all(name and name in present for name in wanted):
+        return "missing"
+    return None
+
+
+def make_plan(
+    storage: Storage,
+    slug: str,
+    options: PreprocessOptions,
+    checkpoints_dir: str,
+    events: EventLog | None = None,
+) -> RunPlan:
+    opts = as_run_options(options)
+    if opts.vae_chunk_frames <= 2 * opts.vae_overlap_frames:
+        raise InputError(
+            f"vae_chunk_frames ({opts.vae_chunk_frames}) must exceed twice vae_overlap_frames "
+            f"({opts.vae_overlap_frames})"
+        )
+    paths = resolve_models(checkpoints_dir, opts)
+    fingerprint = model_fingerprint(paths)
+    settings = {name: getattr(opts, name) for name in _SETTING_FIELDS}
+    settings.update(format=FORMAT, fingerprint=fingerprint, model_variant=paths.model_variant)
+    summary, json_storage, json_key = _dataset_json_location(storage, slug, events)
+    plan = plan_preprocess(json_storage, json_key)
+    tensor_dir = layout.tensor_dir(slug, paths.variant_key)
+    previous = _previous_meta(storage, tensor_dir)
+    old_entries = {e["sample_id"]: e for e in (previous or {}).get("samples", [])}
+    present = {posixpath.basename(k) for k in storage.list(tensor_dir)}
+    source = Storage(summary.source_dir)
+    wanted = set(opts.sample_ids) if opts.sample_ids is not None else None
+    jobs: list[SampleJob] = []
+    carried: dict[str, dict[str, Any]] = {}
+    order: list[str] = []
+    tag_position = plan.effective_metadata["tag_position"]
+    for entry in plan.entries:
+        root, key, rel_path = _source_location(source, entry.path)
+        sid = make_sample_id(rel_path)
+        order.append(sid)
+        if wanted is not None and sid not in wanted:
+            if sid in old_entries:
+                carried[sid] = old_entries[sid]
+            else:
+                order.pop()
+            continue
+        size, mtime = _stat(root, key)
+        fields = {name: entry.record.get(name) for name in _RECORD_FIELDS}
+        fields.update(use_genre=entry.use_genre, tag_position=tag_position)
+        if opts.sidestep_pt:
+            fields["pt_metadata"] = entry.pt_metadata
+        job = SampleJob(
+            index=entry.index,
+            sample_id=sid,
+            rel_path=rel_path,
+            audio_path=entry.path,
+            source_root=root,
+            source_key=key,
+            stem=safe_stem(rel_path, sid),
+            src_size=size,
+            src_mtime_ns=mtime,
+            record=entry.record,
+            use_genre=entry.use_genre,
+            tag_position=tag_position,
+            pt_metadata=entry.pt_metadata,
+            settings_hash=settings_hash(settings, fields),
+        )
+        reason = _reason(job, old_entries.get(sid), present, opts)
+        if reason is None:
+            carried[sid] = old_entries[sid]
+        else:
+            job.reason = reason
+            jobs.append(job)
+    kept = set(order)
+    removed = [entry for sid, entry in old_entries.items() if sid not in kept]
+    # Shortest first: neighbouring samples batch together with little padding.
+    jobs.sort(key=lambda j: (float(j.record.get("duration") or 0), j.index))
+    return RunPlan(
+        slug=slug,
+        tensor_dir=tensor_dir,
+        paths=paths,
+        fingerprint=fingerprint,
+        options=opts,
+        settings=settings,
+        dataset_json=json_storage.url_of(json_key),
+        jobs=jobs,
+        carried=carried,
+        order=order,
+        previous=previous,
+        removed=removed,
+    )

@@ -1,0 +1,109 @@
+"""Tiled VAE encode/decode with overlap-discard, batched across songs.
+
+A song of T latent frames (T = samples // 1920) is cut into windows of exactly `chunk` frames
+(shorter songs: one window of their own length). Each window keeps only its core frames; the
+`overlap` frames on each side that see the window edge are thrown away, so a kept frame always
+has >= `overlap` frames of real context on both sides (or the song edge, as untiled). Windows
+start on latent-frame boundaries (multiples of 1920 samples), so the encoder's stride grid lines
+up with the untiled run. The Oobleck encoder sees ~6.9 frames (13.2 k samples) each side, so any
+overlap >= 7 reproduces the untiled encode up to float rounding; the default 48 is ample.
+
+Because every full window has the same length, windows from many songs stack into one
+`[N, 2, chunk * 1920]` batch: the GPU runs a few large convolutions instead of one per song.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from hotstep_ray.preprocess.audio_prep import HOP_SAMPLES
+
+STD_FLOOR = 1e-4  # diffusers' OobleckDiagonalGaussianDistribution: std = softplus(scale) + 1e-4
+
+
+@dataclass(frozen=True)
+class Window:
+    start: int  # first frame the window encodes
+    stop: int  # one past its last frame
+    keep_start: int  # frames [keep_start, keep_stop) of the song come from this window
+    keep_stop: int
+
+
+def plan_windows(frames: int, chunk: int, overlap: int) -> list[Window]:
+    """Windows covering [0, frames): each `chunk` long (one shorter window for a short song),
+    consecutive cores abutting, every core >= `overlap` frames from its window's inner edges."""
+    if chunk <= 2 * overlap:
+        raise ValueError(f"chunk ({chunk}) must exceed twice the overlap ({overlap})")
+    if frames <= chunk:
+        return [Window(0, frames, 0, frames)]
+    windows = [Window(0, chunk, 0, chunk - overlap)]
+    while windows[-1].keep_stop < frames:
+        kept = windows[-1].keep_stop
+        start = kept - overlap
+        if start + chunk >= frames:  # last window: flush with the song end
+            start = frames - chunk
+            windows.append(Window(start, frames, kept, frames))
+        else:
+            windows.append(Window(start, start + chunk, kept, start + chunk - overlap))
+    return windows
+
+
+@torch.no_grad()
+def encode_moments(
+    vae: torch.nn.Module,
+    audios: list[torch.Tensor],
+    chunk: int,
+    overlap: int,
+    batch_windows: int = 4,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """[2, S] float audio per song -> (mean [T, D], std [T, D]) float32 per song, T = S // 1920,
+    D = latent channels (64), on the VAE's device. Windows of equal length from all songs run
+    together, `batch_windows` at a time."""
+    param = next(vae.parameters())
+    device, dtype = param.device, param.dtype
+    channels = int(vae.config.decoder_input_channels)  # the encoder emits 2 x this (mean, scale)
+    # Each song crosses to the device once (in the VAE dtype); windows are then device slices.
+    audios = [audio.to(device=device, dtype=dtype, non_blocking=True) for audio in audios]
+    frames = [audio.shape[-1] // HOP_SAMPLES for audio in audios]
+    means = [torch.empty(t, channels, device=device) for t in frames]
+    stds = [torch.empty(t, channels, device=device) for t in frames]
+    by_length: dict[int, list[tuple[int, Window]]] = defaultdict(list)
+    for song, count in enumerate(frames):
+        for window in plan_windows(count, chunk, overlap):
+            by_length[window.stop - window.start].append((song, window))
+    for length in sorted(by_length):
+        jobs = by_length[length]
+        for first in range(0, len(jobs), batch_windows):
+            group = jobs[first : first + batch_windows]
+            batch = torch.stack(
+                [audios[song][:, w.start * HOP_SAMPLES : w.stop * HOP_SAMPLES] for song, w in group]
+            )  # [N, 2, length * 1920]
+            moments = vae.encoder(batch).float()  # [N, 128, length]: mean ‖ raw scale
+            mean, scale = moments.chunk(2, dim=1)
+            std = F.softplus(scale) + STD_FLOOR
+            for row, (song, w) in enumerate(group):
+                lo, hi = w.keep_start - w.start, w.keep_stop - w.start
+                means[song][w.keep_start : w.keep_stop] = mean[row, :, lo:hi].T
+                stds[song][w.keep_start : w.keep_stop] = std[row, :, lo:hi].T
+    return list(zip(means, stds, strict=True))
+
+
+@torch.no_grad()
+def decode_latents(
+    vae: torch.nn.Module, latents: torch.Tensor, chunk: int = 384, overlap: int = 64
+) -> torch.Tensor:
+    """[T, 64] latents -> [2, T * 1920] float32 audio on the CPU, decoded in windows with the same
+    overlap-discard plan (decode overlap 64 frames, as the reference app)."""
+    param = next(vae.parameters())
+    frames = latents.shape[0]
+    out = torch.empty(2, frames * HOP_SAMPLES)
+    for w in plan_windows(frames, chunk, overlap):
+        z = latents[w.start : w.stop].T[None].to(device=param.device, dtype=param.dtype)
+        audio = vae.decode(z).sample[0].float().cpu()  # [2, (stop - start) * 1920]
+        lo, hi = (w.keep_start - w.start) * HOP_SAMPLES, (w.keep_stop - w.start) * HOP_SAMPLES
+        out[:, w.keep_start * HOP_SAMPLES : w.keep_stop * HOP_SAMPLES] = audio[:, lo:hi]
+    return out
