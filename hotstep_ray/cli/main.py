@@ -13,6 +13,7 @@ from hotstep_ray.cli import (
     mm3_cmd,
     models_cmd,
     preprocess_cmd,
+    train_dit_cmd,
 )
 from hotstep_ray.cli.common import console, handle_errors
 from hotstep_ray.core.events import LogEvent, ProgressEvent
@@ -27,6 +28,7 @@ app.add_typer(dataset_cmd.app, name="dataset")
 app.add_typer(models_cmd.app, name="models")
 app.add_typer(label_cmd.app, name="label")
 app.add_typer(preprocess_cmd.app, name="preprocess")
+app.add_typer(train_dit_cmd.app, name="train-dit")
 app.add_typer(audition_cmd.app, name="audition")
 app.add_typer(adapters_cmd.app, name="adapters")
 app.add_typer(mm3_cmd.app, name="mm3")

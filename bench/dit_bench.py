@@ -1,0 +1,494 @@
+"""DiT adapter-training throughput on one GPU: full-size random-initialised 2B and XL, bf16.
+
+What is timed is the trainer's own optimizer step (`training.dit.optimizer_step`: crop assembly,
+host-to-device copy, seeded draws, flow-matching loss under bf16 autocast, backward, global-norm
+clip, LR, Muon/AdamW step) on a synthetic cache of 16 distinct 240 s songs with a 769-token
+condition (the peers' shape: 512 lyric + 1 timbre + 256 caption), so no sample is padded.
+
+For every (model, adapter, crop) it measures batch 1, then searches the best batch (2, 4, 8, 16
+while throughput still rises by >= 3 % and the VRAM model says it fits). Each row: median ms per
+step, audio-seconds trained per second (GA x batch x crop / 25 Hz / step time; GA = 1, as the
+peers measured, unless --grad-accum), MFU and HFU with the peer baseline's FLOP formula
+(`dit_vram.step_flops`; 22.67 TFLOP for 2B at 6000 frames, r64) on the H200's 989 TFLOP/s dense
+bf16 peak, torch's peak allocated memory and the VRAM model's estimate. One process; every row
+in its own try/except; the JSON is rewritten after every row, so a crash or the time budget
+loses nothing measured.
+
+  device:   python bench/dit_bench.py --out $OUT/dit_bench.json
+  subset:   ... --models 2b --adapters lora64 --crops 750,6000
+  compile:  ... --compile default            (torch.compile of every block; reduce-overhead
+                                              adds CUDA graphs; several modes: default,none)
+  flex:     ... --attention flex             (experimental block-sparse sliding window)
+  local:    python bench/dit_bench.py --tiny --device cpu --out /tmp/dit_bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from the checkout, no install
+
+from hotstep_ray.core.contracts import LATENT_HZ, TrainDitOptions  # noqa: E402
+from hotstep_ray.core.storage import Storage  # noqa: E402
+from hotstep_ray.models import full_configs as fc  # noqa: E402
+from hotstep_ray.models.tiny_dit import tiny_config  # noqa: E402
+from hotstep_ray.training import dit, dit_data, dit_vram  # noqa: E402
+
+GIB = 1024**3
+CONDITION_TOKENS = 769
+SONGS = 16
+SONG_FRAMES = 6000  # 240 s
+BATCH_LADDER = (2, 4, 8, 16)
+MAX_BATCH_FRAMES = 24_000  # batch x crop cap of the best-batch search (16 min of audio per step)
+ADAPTERS: dict[str, dict[str, Any]] = {
+    # Peer-comparable LoRA (81.8 M params on 2B) and our LoKR default (75.5 M): same size class.
+    "lora64": {"adapter_type": "lora", "rank": 64, "alpha": 128},
+    "lora128": {"adapter_type": "lora", "rank": 128, "alpha": 256},  # our LoRA default
+    "lokr512": {
+        "adapter_type": "lokr",
+        "lokr_dim": 512,
+        "lokr_alpha": 512,
+        "lokr_factor": 6,
+        "lokr_decompose_both": True,
+    },
+}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    default_out = Path(os.environ.get("OUT", ".")) / "dit_bench.json"
+    parser.add_argument("--out", type=Path, default=default_out)
+    parser.add_argument("--models", default="2b,xl", help="2b,xl")
+    parser.add_argument("--adapters", default="lora64,lokr512", help=",".join(ADAPTERS))
+    parser.add_argument("--crops", default="750,1500,3000,6000", help="frames (25 Hz)")
+    parser.add_argument("--batches", default="1,best", help="1 and/or best")
+    parser.add_argument("--ckpt", default="off", choices=("off", "auto", "all"))
+    parser.add_argument("--optimizer", default="muon", choices=("muon", "adamw"))
+    parser.add_argument(
+        "--grad-accum", type=int, default=1, help="micro-batches per optimizer step (peers: 1)"
+    )
+    parser.add_argument(
+        "--compile", default="none", help="none|default|max-autotune|reduce-overhead, comma list"
+    )
+    parser.add_argument(
+        "--attention", default="sdpa", help="sdpa (the trainer's) | flex (experimental), comma list"
+    )
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per row")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--time-budget-s", type=float, default=540.0)
+    parser.add_argument("--profile", action="store_true", help="kernel count of one batch-1 step")
+    parser.add_argument("--tiny", action="store_true", help="tiny model (dry run of the script)")
+    parser.add_argument("--device", default="cuda")
+    return parser.parse_args()
+
+
+# ----------------------------------------------------------------------------- setup
+
+
+def synthetic_cache(encoder_width: int, frames: int) -> dit_data.TensorCache:
+    """SONGS distinct songs of `frames` frames; condition of CONDITION_TOKENS real tokens."""
+    g = torch.Generator().manual_seed(0)
+    songs = []
+    for index in range(SONGS):
+        silence = 0.05 * torch.randn(frames, 64, generator=g)
+        songs.append(
+            dit_data.Song(
+                stem=f"song{index}",
+                target=torch.randn(frames, 64, generator=g),
+                context=torch.cat([silence, torch.ones(frames, 64)], dim=-1),
+                condition=torch.randn(CONDITION_TOKENS, encoder_width, generator=g),
+                condition_mask=torch.ones(CONDITION_TOKENS, dtype=torch.bool),
+            )
+        )
+    return dit_data.TensorCache(
+        songs=songs, channel_std=torch.ones(64), channel_stats_source="file", meta={}
+    )
+
+
+def build_group(
+    args, layout: str, adapter: str, compile_mode: str, attention: str, storage: Storage
+):
+    """A random model with one adapter, wrapped in a real `DitRun` (as `dit.setup` builds it)."""
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    config = tiny_config("turbo" if layout == "2b" else "xl-turbo") if args.tiny else None
+    config = config or fc.dit_config(layout)
+    models = fc.build_dit(config, device=device, dtype=dtype, silence_frames=64)
+    for part in (models.condition_encoder, models.audio_tokenizer, models.detokenizer):
+        part.to("cpu")  # as in training: only the transformer (+ null condition) on the GPU
+    dims = dit_vram.DitDims.from_config(config)
+    crops = [int(c) for c in args.crops.split(",")]
+    frames = max(crops) if not args.tiny else 64
+    cache = synthetic_cache(dims.encoder_hidden, frames)
+    options = TrainDitOptions(
+        **ADAPTERS[adapter],
+        variant_key="bench",
+        crop_frames=min(crops) if not args.tiny else 32,
+        batch=1,
+        grad_accum=1,
+        checkpoint_segments={"off": 0, "auto": 1, "all": 32}[args.ckpt],
+        optimizer=args.optimizer,
+        init_adapter="",
+        epochs=1000,
+    )
+    settings = dit.DitSettings(device=str(device), run_key="adapters/bench/run")
+    run = dit.prepare(options, storage, "bench", cache, models, "random-init", settings)
+    if attention == "flex":
+        run.transformer.set_attn_processor(FlexAttnProcessor(compiled=compile_mode == "none"))
+    if compile_mode != "none":
+        import torch._dynamo as dynamo
+
+        for name in ("cache_size_limit", "recompile_limit"):  # one graph per (crop, batch)
+            if hasattr(dynamo.config, name):
+                setattr(dynamo.config, name, 64)
+        for block in run.transformer.layers:
+            block.compile(mode=None if compile_mode == "default" else compile_mode, dynamic=False)
+    return run
+
+
+def configure(run: dit.DitRun, crop: int, batch: int, ckpt: str) -> None:
+    """Point the run at one (crop, batch, checkpointing) row."""
+    trained = run.fit.trained_layers
+    ckpt_layers = {"off": 0, "all": trained}.get(ckpt, run.fit.ckpt_layers)
+    plan = dit_vram.Plan(crop, batch, ckpt_layers, trained, CONDITION_TOKENS)
+    run.fit = dataclasses.replace(
+        run.fit,
+        crop_frames=crop,
+        batch=batch,
+        ckpt_layers=ckpt_layers,
+        estimate=dit_vram.estimate(run.dims, run.spec, plan, padded=False),
+    )
+    run.frames = dit_data.batch_frames(run.cache, crop)
+    dit._install_checkpointing(run.transformer, ckpt_layers, trained)
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+class FlexAttnProcessor:
+    """Experimental (`--attention flex`): the stock ACE-Step attention with FlexAttention in place
+    of SDPA + a dense additive band mask. Sliding layers get a block-sparse |i - j| <= window
+    mask, so the key blocks outside the band (about 90 % at 6000 frames) are skipped in forward
+    and backward. Unpadded batches only (the bench never pads); the trainer keeps the
+    key-padding processor."""
+
+    def __init__(self, compiled: bool) -> None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        self.attention = (
+            torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
+        )
+        self.block_masks: dict[tuple, Any] = {}
+
+    def band(self, window: int, tokens: int, device: torch.device):
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        key = (window, tokens, str(device))
+        if key not in self.block_masks:
+
+            def inside(b, h, q, kv):
+                return (q - kv).abs() <= window
+
+            self.block_masks[key] = create_block_mask(inside, None, None, tokens, tokens, device)
+        return self.block_masks[key]
+
+    def __call__(
+        self,
+        attn,
+        hidden_states,
+        encoder_hidden_states=None,
+        attention_mask=None,
+        image_rotary_emb=None,
+    ):
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        is_cross = attn.is_cross_attention and encoder_hidden_states is not None
+        kv_input = encoder_hidden_states if is_cross else hidden_states
+        query = attn.to_q(hidden_states).unflatten(-1, (attn.heads, attn.head_dim))
+        key = attn.to_k(kv_input).unflatten(-1, (attn.kv_heads, attn.head_dim))
+        value = attn.to_v(kv_input).unflatten(-1, (attn.kv_heads, attn.head_dim))
+        query, key = attn.norm_q(query), attn.norm_k(key)
+        if not is_cross and image_rotary_emb is not None:
+            rope = {"use_real": True, "use_real_unbind_dim": -2, "sequence_dim": 1}
+            query = apply_rotary_emb(query, image_rotary_emb, **rope)
+            key = apply_rotary_emb(key, image_rotary_emb, **rope)
+        window = getattr(attn, "sliding_window", None)
+        tokens = key.shape[1]
+        block_mask = None
+        if not is_cross and window is not None and tokens > window:
+            block_mask = self.band(window, tokens, hidden_states.device)
+        out = self.attention(
+            query.transpose(1, 2),
+            key.transpose(1, 2),
+            value.transpose(1, 2),
+            block_mask=block_mask,
+            scale=attn.scaling,
+            enable_gqa=attn.heads != attn.kv_heads,
+        )
+        out = out.transpose(1, 2).flatten(2, 3).to(query.dtype)
+        return attn.to_out[1](attn.to_out[0](out))
+
+
+# ----------------------------------------------------------------------------- measure
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
+    configure(run, crop, batch, args.ckpt)
+    device = run.device
+    window = [tuple(range(batch))] * args.grad_accum  # one optimizer step per window
+    for _ in range(args.warmup):
+        dit.optimizer_step(run, window)
+    synchronize(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    finite = True
+    for _ in range(args.steps):
+        started = time.perf_counter()
+        result = dit.optimizer_step(run, window)
+        synchronize(device)
+        times.append((time.perf_counter() - started) * 1000)
+        finite = finite and result.finite
+    median = statistics.median(times)
+    flops = dit_vram.step_flops(
+        run.dims,
+        run.spec,
+        crop,
+        CONDITION_TOKENS,
+        batch * args.grad_accum,
+        run.fit.trained_layers,
+        run.fit.ckpt_layers,
+    )
+    row: dict[str, Any] = {
+        "step_ms": round(median, 2),
+        "step_ms_min": round(min(times), 2),
+        "step_ms_all": [round(t, 2) for t in times],
+        "audio_s_per_s": round(args.grad_accum * batch * crop / LATENT_HZ / (median / 1000), 1),
+        "model_tflop": round(flops["model"] / 1e12, 3),
+        "mfu": round(flops["model"] / (median / 1000) / dit_vram.H200_BF16_PEAK_FLOPS, 4),
+        "hfu": round(flops["hardware"] / (median / 1000) / dit_vram.H200_BF16_PEAK_FLOPS, 4),
+        "ckpt_layers": run.fit.ckpt_layers,
+        "est_gib": round(run.fit.estimate.total / GIB, 2),
+        "finite": finite,
+    }
+    if device.type == "cuda":
+        row["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / GIB, 2)
+    return row
+
+
+def profile_step(run: dit.DitRun) -> dict[str, Any]:
+    """Kernel count and GPU kernel time of one step (the peers lost most of a step to launches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    window = [tuple(range(run.fit.batch))]
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        dit.optimizer_step(run, window)
+        synchronize(run.device)
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    busy_us = sum(e.device_time for e in kernels)
+    top: dict[str, float] = {}
+    for event in kernels:
+        top[event.name] = top.get(event.name, 0.0) + event.device_time
+    ranked = sorted(top.items(), key=lambda kv: -kv[1])[:12]
+    return {
+        "kernels": len(kernels),
+        "kernel_ms": round(busy_us / 1000, 2),
+        "top_kernels_ms": {name[:80]: round(us / 1000, 2) for name, us in ranked},
+    }
+
+
+def fits(run: dit.DitRun, crop: int, batch: int, ckpt: str) -> bool:
+    if run.device.type != "cuda":
+        return True
+    trained = run.fit.trained_layers
+    ckpt_layers = {"off": 0, "all": trained}.get(ckpt, run.fit.ckpt_layers)
+    plan = dit_vram.Plan(crop, batch, ckpt_layers, trained, CONDITION_TOKENS)
+    need = dit_vram.estimate(run.dims, run.spec, plan, padded=False).total
+    free, total = torch.cuda.mem_get_info(run.device)
+    held = torch.cuda.memory_allocated(run.device)
+    # the estimate includes what the run already holds (weights, adapter, optimizer state)
+    return need <= (free + held) * 0.95 and need <= total
+
+
+# ----------------------------------------------------------------------------- main
+
+
+class Report:
+    def __init__(self, path: Path, args: argparse.Namespace) -> None:
+        self.path = path
+        self.data: dict[str, Any] = {"meta": meta(args), "rows": [], "summary": []}
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.data["rows"].append(row)
+        names = ("model", "adapter", "compile", "attention", "crop", "batch")
+        shown = {k: row.get(k) for k in names}
+        numbers = {k: row.get(k) for k in ("step_ms", "audio_s_per_s", "mfu", "peak_gib")}
+        print(json.dumps({**shown, **numbers, "error": row.get("error", "")[:200]}), flush=True)
+        self.write()
+
+    def write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1))
+        tmp.replace(self.path)
+
+
+def meta(args: argparse.Namespace) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "created_at": datetime.now(UTC).isoformat(),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "peak_tflops": dit_vram.H200_BF16_PEAK_FLOPS / 1e12,
+        "condition_tokens": CONDITION_TOKENS,
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["gpu_total_gib"] = round(torch.cuda.mem_get_info(0)[1] / GIB, 1)
+    try:
+        import diffusers
+        import peft
+
+        info["diffusers"], info["peft"] = diffusers.__version__, peft.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (model, adapter, compile, attention, crop): the batch-1 and the best-throughput row."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row.get("audio_s_per_s"):
+            key = (row["model"], row["adapter"], row["compile"], row["attention"], row["crop"])
+            groups.setdefault(key, []).append(row)
+    summary = []
+    for (model, adapter, compile_mode, attention, crop), found in groups.items():
+        one = next((r for r in found if r["batch"] == 1), None)
+        best = max(found, key=lambda r: r["audio_s_per_s"])
+        summary.append(
+            {
+                "model": model,
+                "adapter": adapter,
+                "compile": compile_mode,
+                "attention": attention,
+                "crop": crop,
+                "batch1_audio_s_per_s": one and one["audio_s_per_s"],
+                "batch1_ms": one and one["step_ms"],
+                "batch1_peak_gib": one and one.get("peak_gib"),
+                "best_batch": best["batch"],
+                "best_audio_s_per_s": best["audio_s_per_s"],
+                "best_mfu": best["mfu"],
+                "best_peak_gib": best.get("peak_gib"),
+            }
+        )
+    return summary
+
+
+def main() -> int:
+    args = parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    started = time.time()
+    report = Report(args.out, args)
+    crops = [int(c) for c in args.crops.split(",")] if not args.tiny else [32, 64]
+    batches = args.batches.split(",")
+    storage = Storage(tempfile.mkdtemp(prefix="dit-bench-"))
+
+    def over_budget() -> bool:
+        return time.time() - started > args.time_budget_s
+
+    for layout in args.models.split(","):
+        for adapter in args.adapters.split(","):
+            for compile_mode, attention in [
+                (c, a) for c in args.compile.split(",") for a in args.attention.split(",")
+            ]:
+                base = {
+                    "model": layout,
+                    "adapter": adapter,
+                    "compile": compile_mode,
+                    "attention": attention,
+                }
+                if over_budget():
+                    report.add({**base, "error": "skipped: time budget"})
+                    continue
+                run = None
+                try:
+                    t0 = time.time()
+                    run = build_group(args, layout, adapter, compile_mode, attention, storage)
+                    base["adapter_params"] = sum(
+                        p.numel() for _, p in dit.adapters.trainable_parameters(run.transformer)
+                    )
+                    base["optimizer_split"] = run.optimizer.split_summary()
+                    base["build_s"] = round(time.time() - t0, 1)
+                except Exception as exc:  # one bad group must not stop the others
+                    report.add(
+                        {**base, "error": f"build: {exc!r}", "trace": traceback.format_exc()}
+                    )
+                    continue
+                for crop in crops:
+                    best_rate = 0.0
+                    ladder = ([1] if "1" in batches else []) + (
+                        list(BATCH_LADDER) if "best" in batches else []
+                    )
+                    for batch in ladder:
+                        row = {**base, "crop": crop, "batch": batch}
+                        if over_budget():
+                            report.add({**row, "error": "skipped: time budget"})
+                            break
+                        if batch > 1 and (
+                            batch * crop > MAX_BATCH_FRAMES or not fits(run, crop, batch, args.ckpt)
+                        ):
+                            break
+                        try:
+                            row.update(measure(args, run, crop, batch))
+                            if args.profile and batch == 1 and run.device.type == "cuda":
+                                try:
+                                    row["profile"] = profile_step(run)
+                                except Exception as exc:  # the timing row stands without it
+                                    row["profile"] = {"error": repr(exc)[:300]}
+                        except Exception as exc:
+                            row.update(error=repr(exc)[:500], trace=traceback.format_exc()[-2000:])
+                            report.add(row)
+                            if run.device.type == "cuda":
+                                torch.cuda.empty_cache()
+                            break
+                        report.add(row)
+                        if batch > 1 and row["audio_s_per_s"] < 1.03 * best_rate:
+                            break
+                        best_rate = max(best_rate, row["audio_s_per_s"])
+                report.data["summary"] = summarise(report.data["rows"])
+                report.write()
+                del run
+                gc.collect()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+    report.data["summary"] = summarise(report.data["rows"])
+    report.data["meta"]["total_s"] = round(time.time() - started, 1)
+    report.write()
+    print(json.dumps({"summary": report.data["summary"]}, indent=1), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""`hotstep-ray train-dit run SLUG ...`: train a LoRA/LoKR adapter for the ACE-Step 1.5 DiT.
+
+Every `TrainDitOptions` field is an option (`--learning-rate 5e-4`, `--target-mlp/--no-target-mlp`,
+`--stages train,export`); unset options keep the contract's defaults. `--ray` runs the job on Ray
+Train (the cluster at `--ray-address` / $RAY_ADDRESS, or a local one); `--no-ray` trains in this
+process. Inside `ray job submit` the default is Ray.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any
+
+import typer
+
+from hotstep_ray.cli.common import console, handle_errors, print_json
+from hotstep_ray.core.contracts import TrainDitOptions
+from hotstep_ray.core.events import LogEvent, MetricEvent
+from hotstep_ray.core.jobs import Job
+from hotstep_ray.core.storage import Storage
+
+app = typer.Typer(
+    help="Train DiT (LoRA/LoKR) adapters from a preprocessed tensor cache.", no_args_is_help=True
+)
+
+
+@app.callback()
+def _group() -> None:
+    """Train DiT (LoRA/LoKR) adapters from a preprocessed tensor cache."""
+
+
+# Options handled by name below rather than generated from the contract.
+_EXPLICIT = {"variant_key"}
+
+
+def _console_sink(event) -> None:
+    if isinstance(event, LogEvent):
+        style = {"info": "dim", "warn": "yellow", "error": "red"}[event.level]
+        console.print(f"  [{style}]{event.message}[/]", highlight=False)
+    elif isinstance(event, MetricEvent) and event.metric == "epoch":
+        extra = event.model_extra or {}
+        console.print(
+            f"  epoch {event.epoch}/{event.epochs}  loss {event.loss:.4f}  "
+            f"ma5 {extra.get('ma5', float('nan')):.4f}  lr {event.lr:.2e}  "
+            f"step {event.step}/{event.total_steps}",
+            highlight=False,
+        )
+    elif isinstance(event, MetricEvent) and event.metric == "milestone":
+        console.print(f"  [green]milestone[/] {event.path}", highlight=False)
+
+
+def _contract_parameters() -> list[inspect.Parameter]:
+    """One keyword option per `TrainDitOptions` field: `--x/--no-x` for booleans, text for the
+    rest (pydantic converts and validates it)."""
+    params = []
+    for name, field in TrainDitOptions.model_fields.items():
+        if name in _EXPLICIT:
+            continue
+        flag = "--" + name.replace("_", "-")
+        default = field.default_factory() if field.default_factory else field.default
+        shown = ",".join(default) if isinstance(default, list) else default
+        if field.annotation is bool:
+            option = typer.Option(None, f"{flag}/--no-{flag[2:]}", help=f"Default: {shown}.")
+            annotation: Any = bool | None
+        else:
+            option = typer.Option(None, flag, help=f"Default: {shown}.")
+            annotation = str | None
+        params.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation
+            )
+        )
+    return params
+
+
+def build_options(variant: str, values: dict[str, Any]) -> TrainDitOptions:
+    """The contract from CLI values (None = unset; lists are comma-separated)."""
+    given = {k: v for k, v in values.items() if v is not None}
+    if isinstance(given.get("stages"), str):
+        given["stages"] = [s.strip() for s in given["stages"].split(",") if s.strip()]
+    return TrainDitOptions.model_validate({**given, "variant_key": variant})
+
+
+def _run(
+    slug: str = typer.Argument(..., help="Dataset slug (tensors/<slug>/<variant>/)."),
+    data: str = typer.Option("./data", help="Storage root: a folder or s3://bucket/prefix."),
+    checkpoints: str | None = typer.Option(
+        None, help="Folder of DiT checkpoints (the variant's DiT is looked up there)."
+    ),
+    variant: str = typer.Option(..., "--variant", help="Tensor-cache variant key, e.g. turbo."),
+    dit_folder: str | None = typer.Option(None, "--dit", help="Explicit DiT folder."),
+    artist: str = typer.Option("", help="Adapter folder name (default: adapter name or slug)."),
+    trigger: str | None = typer.Option(None, help="Trigger word (default: from preprocess)."),
+    trigger_position: str | None = typer.Option(None, help="prepend | append | replace."),
+    lora_dropout: float = typer.Option(0.0, help="LoRA input dropout."),
+    zero_groups: str = typer.Option("", help="Groups exported as zeros, e.g. q,k."),
+    milestone_every_epochs: int = typer.Option(0, help="Also a milestone every N epochs."),
+    vram_gb: float | None = typer.Option(
+        None, help="GPU memory per worker (Ray request; local: budget). Default: predicted."
+    ),
+    compile_blocks: bool = typer.Option(False, "--compile", help="torch.compile each block."),
+    resume: str | None = typer.Option(None, help="Checkpoint folder key to continue from."),
+    run_key: str | None = typer.Option(None, help="Run folder key (with --resume)."),
+    max_steps: int | None = typer.Option(None, help="Stop after N optimizer steps."),
+    use_ray: bool | None = typer.Option(
+        None, "--ray/--no-ray", help="Train on Ray Train (default: when a cluster address is set)."
+    ),
+    ray_address: str = typer.Option("", help="Ray cluster to join (default $RAY_ADDRESS)."),
+    workers: int = typer.Option(1, help="Ray workers (one GPU each); >1 = data parallel."),
+    max_failures: int = typer.Option(2, help="Ray: worker failures to recover from."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    **contract: Any,
+) -> None:
+    """Train a DiT adapter: setup -> train -> export to adapters/dit-<base>/<artist>/<run>/."""
+    from hotstep_ray.training import dit
+
+    options = build_options(variant, contract)
+    storage = Storage(data)
+    settings = dit.DitSettings(
+        dit_folder=dit_folder,
+        checkpoints_dir=checkpoints,
+        artist=artist,
+        trigger=trigger,
+        trigger_position=trigger_position,
+        lora_dropout=lora_dropout,
+        zero_groups=tuple(g.strip() for g in zero_groups.split(",") if g.strip()),
+        milestone_every_epochs=milestone_every_epochs,
+        vram_budget_gb=vram_gb,
+        compile=compile_blocks,
+        resume=resume,
+        run_key=run_key,
+    )
+    if use_ray is None:
+        use_ray = bool(ray_address or os.environ.get("RAY_ADDRESS"))
+    with Job(storage, "train-dit", dataset_id=slug, sinks=(_console_sink,)) as job:
+        job.phase("loading-models")
+        if use_ray:
+            from hotstep_ray.distributed.runtime import ensure_ray
+            from hotstep_ray.training.ray_dit import train_dit_on_ray
+
+            ensure_ray(ray_address or None)
+            job.phase("train")
+            settings.vram_budget_gb = None  # on Ray the request places the job; fit to free memory
+            result = train_dit_on_ray(
+                options,
+                storage,
+                slug,
+                settings,
+                num_workers=workers,
+                vram_gb=vram_gb,
+                max_failures=max_failures,
+                job_id=job.id,
+            )
+            summary = {"run": storage.url_of(result.run_key), "vram_gb": result.vram_gb}
+            log = result.log
+        else:
+            run = dit.setup(options, storage, slug, settings, events=job.events)
+            job.phase("train")
+            outcome = dit.train(run, max_steps=max_steps)
+            summary = {"run": storage.url_of(outcome.run_key)}
+            log = outcome.log
+    summary.update(
+        stop_reason=log.get("stop_reason"),
+        epochs_run=log.get("epochs_run"),
+        best_ma5=log.get("best_loss"),
+        saved_reason=log.get("saved_reason"),
+        job=job.id,
+    )
+    if as_json:
+        print_json(summary)
+        return
+    console.print(f"[green]adapter:[/] {summary['run']}", soft_wrap=True)
+    console.print(
+        f"stopped: {summary['stop_reason']} after {summary['epochs_run']} epochs, "
+        f"best ma5 {summary['best_ma5']}, saved ({summary['saved_reason']})"
+    )
+
+
+def _with_contract_options(func):
+    """Give `func` a signature typer can read: its own parameters + the contract's."""
+    signature = inspect.signature(func)
+    own = [p for p in signature.parameters.values() if p.kind != inspect.Parameter.VAR_KEYWORD]
+    func.__signature__ = signature.replace(parameters=own + _contract_parameters())
+    return func
+
+
+run = app.command("run")(handle_errors(_with_contract_options(_run)))

@@ -1,0 +1,1073 @@
+"""DiT adapter training, the recipe: `setup(...)` -> `train(run)` -> `save(run)`.
+
+Plain Python: tests run it on the CPU with the tiny DiT; `ray_dit.py` runs the same functions in
+each Ray Train worker (one GPU each, gradients averaged across workers).
+
+setup   read the tensor cache; load the DiT (bf16 on CUDA, fp32 on CPU) keeping only the
+        transformer and the null condition on the device; size the run to the GPU (`dit_vram.fit`:
+        crop, then checkpointing, then batch); inject the LoRA/LoKR adapter (fp32 master weights)
+        into the top `layers`; hybrid Muon/AdamW; the LR schedule (lr(0)=0, 5 % warmup, cosine to
+        10 %); the stop rule and milestones; resume from a checkpoint when asked.
+train   per optimizer step: one seeded stream (seed, step, rank) draws every crop, timestep, CFG
+        coin and noise of the window, so a resumed run redraws exactly what an uninterrupted one
+        would; `grad_accum` micro-batches weighted by their sample share; gradient all-reduce
+        (several workers); global-norm clip; LR; optimizer step. A non-finite loss or gradient norm
+        stops the run before the step, so the last checkpoint and the exported adapter stay good.
+        Per epoch: 5-epoch moving average (target stop), milestones, best export, the log.
+save    PEFT folder (LoRA) or LyCORIS `lokr_weights.safetensors` (LoKR), BF16, official module
+        names, trigger in `__metadata__`, under `adapters/dit-<shorthand>/<artist>/<run>/` next to
+        `dit_train_log.json`; exported when the 5-epoch average improves (at most once per
+        `export_interval_s`, the last best always) or the target is hit. Resumable checkpoints go
+        to `<run>/checkpoint/` (or through `ray.train.report`), milestones to `<run>/milestones/`.
+
+Attention: the DiT's SDPA with the dense band mask on sliding layers, padded keys masked by the
+models layer's processor. `prepare` builds a run around an already loaded model and cache (the
+GPU bench uses it with random full-size models).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint as activation_checkpoint
+
+from hotstep_ray import __version__
+from hotstep_ray.core import layout
+from hotstep_ray.core.contracts import LATENT_HZ, TrainDitOptions, schedule_steps
+from hotstep_ray.core.errors import InputError
+from hotstep_ray.core.events import EventLog, MetricEvent
+from hotstep_ray.core.storage import Storage
+from hotstep_ray.models.acestep_dit import AceStepModels, load_acestep_dit
+from hotstep_ray.training import adapters, dit_data, dit_loss, dit_vram, export
+from hotstep_ray.training.accumulate import micro_batch_weights
+from hotstep_ray.training.adapters import AdapterSpec
+from hotstep_ray.training.checkpoint import load_checkpoint, model_fingerprint, save_checkpoint
+from hotstep_ray.training.optim import HybridOptimizer, build_optimizer
+from hotstep_ray.training.schedule import LrSchedule, MilestoneTracker, StopRule
+
+FORMAT = "hotstep-ray-dit-train-v1"
+PRODUCER = f"hotstep-ray {__version__} dit trainer"
+LOG_FILE = "dit_train_log.json"
+CHECKPOINT_DIR = "checkpoint"
+MILESTONE_DIR = "milestones"
+MA_WINDOW = 5
+
+
+@dataclass
+class DitSettings:
+    """Run settings that are not part of the `TrainDitOptions` contract."""
+
+    dit_folder: str | None = None  # explicit DiT checkpoint folder (else from the cache's meta)
+    checkpoints_dir: str | None = None  # where DiT folders live (official or diffusers layout)
+    artist: str = ""  # adapter folder name; "" = options.adapter_name or the dataset slug
+    trigger: str | None = None  # None = the variant's preprocess_meta custom_tag
+    trigger_position: str | None = None  # None = the cache's tag_position, else prepend
+    lora_dropout: float = 0.0
+    zero_groups: tuple[str, ...] = ()  # projection groups exported as zeros (e.g. "q", "k")
+    milestone_every_epochs: int = 0  # also a milestone every N epochs (0 = off)
+    export_interval_s: float = 60.0  # at most one best-export per interval (the last one always)
+    checkpoint_interval_s: float = 300.0  # epoch-end checkpoints at most this often
+    checkpoint_every_steps: int = 0  # also checkpoint every N optimizer steps (0 = off)
+    step_event_interval_s: float = 1.0  # rate limit of per-step metric events
+    vram_budget_gb: float | None = None  # None: CUDA free memory - reserve; CPU unlimited
+    device: str | None = None  # None: cuda if available else cpu
+    window_rule: str = "sdpa"  # sliding-window convention (models.acestep_wrappers)
+    compile: bool = False  # torch.compile each transformer block (CUDA)
+    run_key: str | None = None  # fixed run folder (the Ray driver picks it for every worker)
+    resume: str | None = None  # storage key of a checkpoint folder to continue from
+    rank: int = 0
+    world_size: int = 1
+
+
+@dataclass
+class TrainState:
+    """Everything the loop needs to continue exactly where it stopped (saved in checkpoints)."""
+
+    epoch: int = 1  # current epoch, 1-based
+    window: int = 0  # next optimizer window inside the epoch
+    step: int = 0  # optimizer steps done
+    epoch_loss: float = 0.0  # Σ loss·samples over the epoch so far (this rank)
+    epoch_raw: float = 0.0
+    epoch_samples: int = 0
+    epoch_frames: int = 0
+    epoch_grad_norms: list[float] = field(default_factory=list)
+    epoch_ms: float = 0.0
+    best_ma5: float = math.inf
+    best_epoch: int = 0
+    saved_ma5: float | None = None
+    saved_epoch: int = 0
+    saved_reason: str = ""
+    stop_reason: str = ""
+    target_stop: dict[str, Any] | None = None
+    audio_seconds: float = 0.0  # trained so far (all ranks)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    milestones: list[dict[str, Any]] = field(default_factory=list)
+    resumes: list[dict[str, int]] = field(default_factory=list)
+    last_export: float = 0.0  # wall clock of the last best-export (not resumed)
+    last_checkpoint: float = 0.0
+
+
+@dataclass
+class DitRun:
+    options: TrainDitOptions
+    settings: DitSettings
+    storage: Storage
+    dataset: str
+    cache_key: str
+    cache: dit_data.TensorCache
+    models: AceStepModels
+    dit_folder: str
+    dit_name: str
+    dims: dit_vram.DitDims
+    spec: AdapterSpec
+    fit: dit_vram.VramFit
+    loss: dit_loss.LossConfig
+    optimizer: HybridOptimizer
+    schedule: LrSchedule
+    stop: StopRule
+    milestones: MilestoneTracker
+    run_key: str
+    device: torch.device
+    autocast: torch.dtype | None  # bf16 autocast on CUDA, None on CPU
+    null_condition: torch.Tensor  # [1, 1, H_enc] on the device
+    frames: int  # fixed frame length of every micro-batch
+    fingerprint: str
+    trigger: str | None
+    trigger_position: str
+    events: EventLog | None = None
+    state: TrainState = field(default_factory=TrainState)
+    pending_best: dict[str, Any] | None = None  # CPU snapshot of a best adapter not yet exported
+    checkpoint_hook: Callable[[DitRun], None] | None = None
+    params: list[torch.nn.Parameter] = field(default_factory=list)  # the trainable adapter
+    started: float = field(default_factory=time.time)
+
+    @property
+    def transformer(self) -> torch.nn.Module:
+        return self.models.transformer
+
+    @property
+    def is_main(self) -> bool:
+        return self.settings.rank == 0
+
+    @property
+    def checkpoint_key(self) -> str:
+        return f"{self.run_key}/{CHECKPOINT_DIR}"
+
+
+@dataclass
+class DitResult:
+    run_key: str
+    stop_reason: str
+    epochs_run: int
+    steps: int
+    final_loss: float | None
+    best_ma5: float | None
+    saved_reason: str
+    log: dict[str, Any]
+
+
+# =============================================================================== setup
+
+
+def resolve_dit_folder(
+    meta: dict[str, Any], variant_key: str, dit_folder: str | None, checkpoints_dir: str | None
+) -> Path:
+    """The base DiT comes from the cache's `preprocess_meta.json` (the model the tensors were made
+    with), not from the request: an explicit folder, else the recorded `models.dit` / `dit_path`,
+    else `dit_model`/`model_variant` under the checkpoints folder, else
+    `<checkpoints>/<variant_key>` or `acestep-v15-<variant_key>`."""
+    tried: list[str] = []
+    candidates: list[Path] = []
+    if dit_folder:
+        candidates.append(Path(dit_folder))
+    models = meta.get("models") if isinstance(meta.get("models"), dict) else {}
+    for recorded in (meta.get("dit_path"), models.get("dit")):
+        if recorded:
+            candidates.append(Path(str(recorded)))
+    if checkpoints_dir:
+        root = Path(checkpoints_dir)
+        for name_key in ("dit_model", "model_variant", "dit"):
+            if meta.get(name_key):
+                candidates.append(root / Path(str(meta[name_key])).name)
+        candidates += [root / variant_key, root / f"acestep-v15-{variant_key}"]
+    for folder in candidates:
+        tried.append(str(folder))
+        if folder.is_dir():
+            return folder
+    raise InputError(
+        "cannot find the DiT these tensors were made with; tried "
+        + (", ".join(tried) or "nothing (give --checkpoints or --dit)")
+    )
+
+
+def _device(settings: DitSettings) -> torch.device:
+    if settings.device:
+        return torch.device(settings.device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _budget_bytes(settings: DitSettings, options: TrainDitOptions, device: torch.device):
+    """Bytes the run may use: the given budget, else the GPU's free memory minus the reserve."""
+    budget = None if settings.vram_budget_gb is None else settings.vram_budget_gb * dit_vram.GB
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        available = free - options.vram_reserve_mb * 1e6
+        budget = available if budget is None else min(budget, available)
+    return budget
+
+
+def adapter_spec(
+    options: TrainDitOptions, settings: DitSettings, dims: dit_vram.DitDims
+) -> AdapterSpec:
+    base = AdapterSpec.from_options(options)
+    trained = dit_vram.trained_layers(options, dims)
+    update: dict[str, Any] = {"dropout": settings.lora_dropout if base.kind == "lora" else 0.0}
+    if trained < dims.layers:
+        update["layers_to_train"] = tuple(range(dims.layers - trained, dims.layers))
+    return AdapterSpec.model_validate({**base.model_dump(), **update})
+
+
+class _SelectiveCheckpoint:
+    """diffusers calls `_gradient_checkpointing_func(block, *args)` for every block while
+    `gradient_checkpointing` is on; this recomputes only the chosen blocks (non-reentrant, so the
+    key masks that stay set on the processors are re-read identically in backward)."""
+
+    def __init__(self, blocks: set[int]) -> None:
+        self.blocks = blocks
+
+    def __call__(self, block: torch.nn.Module, *args: Any) -> torch.Tensor:
+        if id(block) in self.blocks:
+            return activation_checkpoint(block, *args, use_reentrant=False)
+        return block(*args)
+
+
+def _install_checkpointing(transformer: torch.nn.Module, ckpt_layers: int, trained: int) -> None:
+    """Checkpoint the lowest `ckpt_layers` of the trained top layers."""
+    layers = transformer.layers
+    first = len(layers) - trained
+    chosen = {id(layers[first + i]) for i in range(ckpt_layers)}
+    transformer.gradient_checkpointing = bool(chosen)
+    transformer._gradient_checkpointing_func = _SelectiveCheckpoint(chosen)
+
+
+def _resolve_trigger(settings: DitSettings, cache: dit_data.TensorCache) -> tuple[str | None, str]:
+    """--trigger wins, else the tag the tensors were preprocessed with (the cache's meta or file
+    headers), whatever the dataset says now."""
+    tag, position = cache.trigger()
+    trigger = settings.trigger if settings.trigger is not None else tag
+    return trigger or None, settings.trigger_position or position
+
+
+def setup(
+    options: TrainDitOptions,
+    storage: Storage,
+    dataset: str,
+    settings: DitSettings | None = None,
+    events: EventLog | None = None,
+) -> DitRun:
+    """Everything `train` needs, resolved and logged (see the module docstring)."""
+    settings = settings or DitSettings()
+    if not options.variant_key:
+        raise InputError("variant_key is required: the tensor-cache variant to train on")
+    dtype = torch.bfloat16 if _device(settings).type == "cuda" else torch.float32
+    cache_key = layout.tensor_dir(dataset, options.variant_key)
+    cache = dit_data.load_cache(storage, cache_key)
+    folder = resolve_dit_folder(
+        cache.meta, options.variant_key, settings.dit_folder, settings.checkpoints_dir
+    )
+    # Loaded on the CPU: `prepare` moves only the transformer (and the null condition) over.
+    models = load_acestep_dit(folder, device="cpu", dtype=dtype, window_rule=settings.window_rule)
+    run = prepare(options, storage, dataset, cache, models, str(folder), settings, events)
+    run.cache_key = cache_key
+    if settings.resume:
+        restore(run, storage, settings.resume)
+    _announce(run)
+    return run
+
+
+def prepare(
+    options: TrainDitOptions,
+    storage: Storage,
+    dataset: str,
+    cache: dit_data.TensorCache,
+    models: AceStepModels,
+    dit_folder: str,
+    settings: DitSettings,
+    events: EventLog | None = None,
+) -> DitRun:
+    """A run around an already loaded cache and model (the GPU bench passes random full-size
+    models and a synthetic cache): fit, adapter, optimizer, schedule."""
+    device = _device(settings)
+    models.transformer.to(device)
+    null_condition = models.condition_encoder.null_condition_emb.detach().to(device)
+    dims = dit_vram.DitDims.from_config(models.config)
+
+    # size the run to the GPU, then build the adapter
+    spec = adapter_spec(options, settings, dims)
+    fit = dit_vram.fit(
+        dims,
+        spec,
+        options,
+        longest_song=cache.longest,
+        songs=len(cache.songs),
+        condition_len=cache.condition_len,
+        budget_bytes=_budget_bytes(settings, options, device),
+    )
+    fingerprint = model_fingerprint(models.transformer)
+    # Seeded adapter init (peft draws LoRA A / LoKR w1 from the global RNG): every worker of a
+    # run and every rerun start from the same weights.
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(dit_data.derived_seed(options.seed, "adapter-init"))
+        adapters.inject(models.transformer, spec)
+    _install_checkpointing(models.transformer, fit.ckpt_layers, fit.trained_layers)
+    models.transformer.train()  # LoRA dropout; the DiT itself has none (attention_dropout 0)
+
+    dit_name = Path(dit_folder).name
+    artist = layout.check_name(settings.artist or options.adapter_name or dataset, "artist")
+    base = layout.dit_adapter_base(dit_name)
+    if settings.run_key:
+        run_key = settings.run_key
+    elif settings.world_size > 1:
+        raise InputError("several workers need one run folder: pass settings.run_key")
+    else:
+        run_key = layout.new_run_dir(storage, base, artist)
+    _init_adapter(options, storage, models, base, artist, run_key, events)
+
+    trainable = adapters.trainable_parameters(models.transformer)
+    optimizer = build_optimizer(
+        trainable,
+        options.optimizer,
+        options.effective_learning_rate,
+        options.effective_weight_decay,
+        muon_lr_scale=options.muon_lr_scale,
+        muon_momentum=options.muon_momentum,
+        muon_ns_steps=options.muon_ns_steps,
+        muon_min_dim=options.muon_min_dim,
+    )
+    trigger, position = _resolve_trigger(settings, cache)
+    run = DitRun(
+        options=options,
+        settings=settings,
+        storage=storage,
+        dataset=dataset,
+        cache_key="",
+        cache=cache,
+        models=models,
+        dit_folder=dit_folder,
+        dit_name=dit_name,
+        dims=dims,
+        spec=spec,
+        fit=fit,
+        loss=dit_loss.LossConfig.from_options(options, models.variant.kind, cache.channel_std),
+        optimizer=optimizer,
+        schedule=build_schedule(options, settings, cache, fit.batch),
+        stop=StopRule(options.epochs, options.target_loss, MA_WINDOW),
+        milestones=MilestoneTracker(
+            step=options.milestone_step,
+            keep=options.milestone_keep,
+            every_epochs=settings.milestone_every_epochs,
+        ),
+        run_key=run_key,
+        device=device,
+        autocast=torch.bfloat16 if device.type == "cuda" else None,
+        null_condition=null_condition,
+        frames=dit_data.batch_frames(cache, fit.crop_frames),
+        fingerprint=fingerprint,
+        trigger=trigger,
+        trigger_position=position,
+        events=events if settings.rank == 0 else None,
+        params=[param for _, param in trainable],
+    )
+    if settings.compile:
+        for block in models.transformer.layers:
+            block.compile(dynamic=False)
+    return run
+
+
+def build_schedule(
+    options: TrainDitOptions, settings: DitSettings, cache: dit_data.TensorCache, batch: int
+) -> LrSchedule:
+    """LR schedule over this rank's optimizer steps (warmup and total as `schedule_steps`)."""
+    plan = dit_data.plan_epoch(cache.repeats, batch, options.seed, 1, options.order)
+    micro_batches = len(dit_data.shard_plan(plan, settings.rank, settings.world_size))
+    per_epoch, total, warmup = schedule_steps(
+        micro_batches, options.epochs, 1, options.grad_accum, options.warmup_ratio
+    )
+    return LrSchedule(total_steps=total, warmup_steps=warmup, steps_per_epoch=per_epoch)
+
+
+def _init_adapter(
+    options: TrainDitOptions,
+    storage: Storage,
+    models: AceStepModels,
+    base: str,
+    artist: str,
+    run_key: str,
+    events: EventLog | None,
+) -> None:
+    """Warm start: `init_adapter` "latest" = the newest earlier run of this artist (skipped when
+    none exists or its shapes differ), "" = from scratch, else a storage key."""
+    if not options.init_adapter:
+        return
+    if options.init_adapter == "latest":
+        key = layout.resolve_adapter(storage, base, artist)
+        if key is None or key == run_key:
+            return
+    else:
+        key = options.init_adapter
+    try:
+        export.load_exported(models.transformer, storage, key, rename=export.ACESTEP_OFFICIAL_NAMES)
+    except InputError as exc:
+        if options.init_adapter != "latest":
+            raise
+        if events:
+            events.log(f"init adapter {key} does not fit this run, starting fresh: {exc}", "warn")
+        return
+    if events:
+        events.log(f"adapter initialised from {key}")
+
+
+def _announce(run: DitRun) -> None:
+    if run.events is None:
+        return
+    split = run.optimizer.split_summary()
+    run.events.log(
+        f"train-dit {run.spec.kind} on {run.dit_name} ({run.models.variant.name}): "
+        f"{run.fit.trained_layers}/{run.dims.layers} layers, crop {run.fit.crop_frames} frames, "
+        f"batch {run.fit.batch}, {run.fit.ckpt_layers} layers checkpointed, "
+        f"optimizer {run.options.optimizer} ({split}), {run.schedule.total_steps} steps"
+    )
+    for note in run.fit.notes:
+        run.events.log(note, "warn")
+    run.events.emit(MetricEvent(metric="vram", **run.fit.to_dict()))
+    run.events.emit(
+        MetricEvent(
+            metric="data",
+            **run.cache.summary(),
+            batch=run.fit.batch,
+            steps_per_epoch=run.schedule.steps_per_epoch,
+            total_steps=run.schedule.total_steps,
+            warmup_steps=run.schedule.warmup_steps,
+        )
+    )
+
+
+# =============================================================================== train
+
+
+def epoch_windows(run: DitRun, epoch: int) -> list[list[tuple[int, ...]]]:
+    """This rank's optimizer windows of `epoch` (micro-batches of song indices)."""
+    plan = dit_data.plan_epoch(
+        run.cache.repeats, run.fit.batch, run.options.seed, epoch, run.options.order
+    )
+    shard = dit_data.shard_plan(plan, run.settings.rank, run.settings.world_size)
+    return dit_data.windows(shard, run.options.grad_accum)
+
+
+@dataclass
+class WindowDraws:
+    """Every random choice of one optimizer window, made before its first forward."""
+
+    crops: list[list[dit_data.Crop]]
+    t: list[torch.Tensor]  # per micro-batch [b]
+    cfg_drop: list[torch.Tensor]  # per micro-batch [b] bool
+    weights: list[torch.Tensor]  # per micro-batch [b], window-normalised
+
+
+def draw_window(run: DitRun, window: list[tuple[int, ...]], step: int) -> WindowDraws:
+    rng = dit_data.generator(run.options.seed, "step", step, run.settings.rank)
+    crops, ts, drops, weights = [], [], [], []
+    for micro_batch in window:
+        crops.append(
+            [
+                dit_data.draw_crop(
+                    run.cache.songs[song],
+                    song,
+                    run.fit.crop_frames,
+                    run.options.genre_ratio,
+                    rng,
+                    run.dims.patch,
+                )
+                for song in micro_batch
+            ]
+        )
+        t = dit_loss.sample_timesteps(len(micro_batch), run.loss, rng)
+        ts.append(t)
+        drops.append(dit_loss.sample_cfg_drop(len(micro_batch), run.loss.cfg_ratio, rng))
+        weights.append(dit_loss.timestep_weights(t, run.loss))
+    return WindowDraws(crops, ts, drops, dit_loss.normalize_window(weights, run.loss))
+
+
+def micro_batch_loss(
+    run: DitRun,
+    crops: list[dit_data.Crop],
+    t: torch.Tensor,
+    cfg_drop: torch.Tensor,
+    weights: torch.Tensor,
+    noise_seed: tuple[Any, ...],
+) -> dit_loss.LossOutput:
+    """Assemble, move and run one micro-batch (no backward)."""
+    batch = dit_data.batch_to(dit_data.assemble(run.cache, crops, run.frames), run.device)
+    noise_rng = dit_data.generator(*noise_seed, device=run.device)
+    noise = torch.randn(
+        batch.target_latents.shape, generator=noise_rng, device=run.device, dtype=torch.float32
+    )
+    channel = run.loss.channel_weights
+    with torch.autocast(run.device.type, dtype=run.autocast, enabled=run.autocast is not None):
+        return dit_loss.flow_matching_loss(
+            run.models,
+            batch,
+            t,
+            noise,
+            cfg_drop,
+            sample_weights=weights.to(run.device),
+            channel_weights=None if channel is None else channel.to(run.device),
+            null_condition=run.null_condition,
+        )
+
+
+def _all_reduce_grads(params: list[torch.nn.Parameter], world_size: int) -> None:
+    """Average gradients over the workers in one flat all-reduce (data parallelism)."""
+    import torch.distributed as dist
+
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for param, grad in zip(params, grads, strict=True):
+        count = grad.numel()
+        param.grad = flat[offset : offset + count].view_as(grad)
+        offset += count
+
+
+@dataclass
+class StepResult:
+    loss: float
+    raw_loss: float
+    grad_norm: float
+    lr_factor: float
+    samples: int
+    frames: int
+    ms: float
+    finite: bool
+
+
+def optimizer_step(run: DitRun, window: list[tuple[int, ...]]) -> StepResult:
+    """One optimizer step over `grad_accum` micro-batches (see the module docstring)."""
+    started = time.perf_counter()
+    step, rank = run.state.step, run.settings.rank
+    if run.settings.lora_dropout > 0:  # peft's dropout draws from the global RNG
+        torch.manual_seed(dit_data.derived_seed(run.options.seed, "dropout", step, rank))
+    draws = draw_window(run, window, step)
+    params = run.params
+    run.optimizer.zero_grad(set_to_none=True)
+    shares = micro_batch_weights([len(mb) for mb in window])
+    loss_sum = torch.zeros((), device=run.device)
+    raw_sum = torch.zeros((), device=run.device)
+    frames = 0
+    for index, share in enumerate(shares):
+        out = micro_batch_loss(
+            run,
+            draws.crops[index],
+            draws.t[index],
+            draws.cfg_drop[index],
+            draws.weights[index],
+            (run.options.seed, "noise", step, rank, index),
+        )
+        (out.loss * share).backward()
+        loss_sum += out.loss.detach() * share
+        raw_sum += out.raw_loss * share
+        frames += sum(crop.frames for crop in draws.crops[index])
+    if run.settings.world_size > 1:
+        _all_reduce_grads(params, run.settings.world_size)
+    clip = run.options.grad_clip if run.options.grad_clip > 0 else math.inf
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+    loss, raw = float(loss_sum), float(raw_sum)
+    finite = math.isfinite(loss) and math.isfinite(grad_norm)
+    factor = run.schedule.factor(step)
+    if finite:
+        run.schedule.apply(run.optimizer, step)
+        run.optimizer.step()
+        run.state.step += 1
+    run.optimizer.zero_grad(set_to_none=True)
+    ms = (time.perf_counter() - started) * 1000
+    samples = sum(len(micro_batch) for micro_batch in window)
+    return StepResult(loss, raw, grad_norm, factor, samples, frames, ms, finite)
+
+
+def train(
+    run: DitRun,
+    *,
+    max_steps: int | None = None,
+) -> DitResult:
+    """Run epochs until the epoch cap, the target (ma5), a non-finite loss or `max_steps`
+    optimizer steps (in total, counting resumed ones); then export and log (see `finish`)."""
+    state, options = run.state, run.options
+    if "train" not in options.stages:
+        state.stop_reason = "skipped"
+    last_event = 0.0
+    while not state.stop_reason:
+        plan = epoch_windows(run, state.epoch)
+        while state.window < len(plan):
+            result = optimizer_step(run, plan[state.window])
+            if not result.finite:
+                state.stop_reason = "non_finite"
+                _log(
+                    run,
+                    f"non-finite loss {result.loss} / grad norm {result.grad_norm} at step "
+                    f"{state.step + 1}: stopped; the last checkpoint and export are kept",
+                    "error",
+                )
+                break
+            state.window += 1
+            _account(run, result)
+            last_event = _step_event(run, result, last_event, state.window == len(plan))
+            if _steps_due(run) and state.window < len(plan):  # epoch ends checkpoint below
+                save_state(run)
+            if max_steps is not None and state.step >= max_steps:
+                state.stop_reason = "max_steps"
+                save_state(run)
+                break
+        if state.stop_reason:
+            break
+        end_epoch(run)
+    return finish(run)
+
+
+def _steps_due(run: DitRun) -> bool:
+    every = run.settings.checkpoint_every_steps
+    return bool(every) and run.state.step % every == 0
+
+
+def _account(run: DitRun, result: StepResult) -> None:
+    state = run.state
+    state.epoch_loss += result.loss * result.samples
+    state.epoch_raw += result.raw_loss * result.samples
+    state.epoch_samples += result.samples
+    state.epoch_frames += result.frames
+    state.epoch_grad_norms.append(result.grad_norm)
+    state.epoch_ms += result.ms
+    state.audio_seconds += result.frames * run.settings.world_size / LATENT_HZ
+
+
+def _step_event(run: DitRun, result: StepResult, last: float, force: bool) -> float:
+    now = time.time()
+    if run.events is None or (not force and now - last < run.settings.step_event_interval_s):
+        return last
+    total = run.schedule.total_steps
+    eta = result.ms * max(0, total - run.state.step)
+    extra: dict[str, Any] = {
+        "raw_loss": result.raw_loss,
+        "audio_s_per_s": result.frames * run.settings.world_size / LATENT_HZ / (result.ms / 1000),
+        "crop": run.fit.crop_frames,
+        "batch": run.fit.batch,
+    }
+    if run.device.type == "cuda":
+        extra["vram_mb"] = torch.cuda.max_memory_allocated(run.device) / 1e6
+    run.events.emit(
+        MetricEvent(
+            metric="step",
+            epoch=run.state.epoch,
+            epochs=run.options.epochs,
+            step=run.state.step,
+            total_steps=total,
+            loss=result.loss,
+            lr=result.lr_factor * run.options.effective_learning_rate,
+            grad_norm=result.grad_norm,
+            step_ms=result.ms,
+            eta_ms=eta,
+            **extra,
+        )
+    )
+    return now
+
+
+def _global_sums(run: DitRun) -> tuple[float, float, int]:
+    """Epoch loss sums over every worker."""
+    state = run.state
+    values = torch.tensor(
+        [state.epoch_loss, state.epoch_raw, state.epoch_samples], dtype=torch.float64
+    )
+    if run.settings.world_size > 1:
+        import torch.distributed as dist
+
+        values = values.to(run.device)
+        dist.all_reduce(values)
+        values = values.cpu()
+    return float(values[0]), float(values[1]), int(values[2])
+
+
+def _agree(run: DitRun, flag: bool) -> bool:
+    """True when any worker says so (checkpoints are collective under Ray: every worker must
+    reach the same `save_state` calls)."""
+    if run.settings.world_size <= 1:
+        return flag
+    import torch.distributed as dist
+
+    value = torch.tensor([int(flag)], device=run.device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def end_epoch(run: DitRun) -> None:
+    """Epoch bookkeeping: moving average and stop rule, milestones, best export, log, checkpoint."""
+    state, options = run.state, run.options
+    loss_sum, raw_sum, samples = _global_sums(run)
+    loss = loss_sum / max(1, samples)
+    decision = run.stop.end_epoch(state.epoch, loss)
+    ma5 = decision.moving_average if decision.moving_average is not None else loss
+    record = {
+        "epoch": state.epoch,
+        "loss": loss,
+        "ma5": ma5,
+        "raw_loss": raw_sum / max(1, samples),
+        "lr": run.schedule.factor(max(0, state.step - 1)) * options.effective_learning_rate,
+        "grad_norm": statistics.median(state.epoch_grad_norms) if state.epoch_grad_norms else 0.0,
+        "ms": state.epoch_ms,
+        "audio_s": state.epoch_frames * run.settings.world_size / LATENT_HZ,
+    }
+    state.history.append(record)
+    if run.events:
+        run.events.emit(
+            MetricEvent(
+                metric="epoch",
+                epoch=state.epoch,
+                epochs=options.epochs,
+                step=state.step,
+                total_steps=run.schedule.total_steps,
+                loss=loss,
+                lr=record["lr"],
+                grad_norm=record["grad_norm"],
+                step_ms=state.epoch_ms,
+                ma5=ma5,
+                raw_loss=record["raw_loss"],
+            )
+        )
+    if run.is_main:
+        _milestone(run, state.epoch, ma5)
+        improved = math.isfinite(ma5) and ma5 < state.best_ma5
+        if improved:
+            state.best_ma5, state.best_epoch = ma5, state.epoch
+        if decision.reason == "target":
+            state.target_stop = {"epoch": state.epoch, "loss": loss, "ma5": ma5}
+            save(run, "target")
+        elif improved:
+            if time.time() - state.last_export >= run.settings.export_interval_s:
+                save(run, "best")
+            else:
+                run.pending_best = {
+                    "state": {
+                        k: v.cpu() for k, v in adapters.adapter_state_dict(run.transformer).items()
+                    },
+                    "epoch": state.epoch,
+                    "ma5": ma5,
+                }
+    if decision.stop:
+        state.stop_reason = decision.reason or "epochs"
+    state.epoch += 1
+    state.window = 0
+    state.epoch_loss = state.epoch_raw = state.epoch_ms = 0.0
+    state.epoch_samples = state.epoch_frames = 0
+    state.epoch_grad_norms = []
+    due = (
+        _steps_due(run) or time.time() - state.last_checkpoint >= run.settings.checkpoint_interval_s
+    )
+    if _agree(run, bool(state.stop_reason) or due):
+        save_state(run)
+    if run.is_main:
+        write_log(run)
+
+
+def _milestone(run: DitRun, epoch: int, ma5: float) -> None:
+    decision = run.milestones.observe(epoch, ma5)
+    for evicted in decision.evict:
+        run.storage.delete(f"{run.run_key}/{MILESTONE_DIR}/{evicted.name}", recursive=True)
+        run.state.milestones = [m for m in run.state.milestones if m["name"] != evicted.name]
+    if decision.save is None or "export" not in run.options.stages:
+        return
+    key = f"{run.run_key}/{MILESTONE_DIR}/{decision.save.name}"
+    _export(run, key, {"hot_step_milestone": decision.save.name})
+    entry = {"name": decision.save.name, "epoch": epoch, "loss": ma5, "path": key}
+    run.state.milestones.append(entry)
+    if run.events:
+        run.events.emit(
+            MetricEvent(metric="milestone", epoch=epoch, loss=ma5, path=run.storage.url_of(key))
+        )
+
+
+def finish(run: DitRun) -> DitResult:
+    """Export the best adapter still pending, then write the final log."""
+    state = run.state
+    if run.is_main:
+        if run.pending_best is not None and state.stop_reason != "skipped":
+            adapters.load_adapter_state(run.transformer, run.pending_best["state"])
+            state.best_epoch, state.best_ma5 = run.pending_best["epoch"], run.pending_best["ma5"]
+            save(run, "best")
+        elif state.saved_reason == "" and state.stop_reason in ("max_steps", "skipped"):
+            save(run, "final")  # no epoch finished yet: export what there is
+        log = write_log(run, final=True)
+    else:
+        log = {}
+    final = state.history[-1]["loss"] if state.history else None
+    return DitResult(
+        run_key=run.run_key,
+        stop_reason=state.stop_reason,
+        epochs_run=len(state.history),
+        steps=state.step,
+        final_loss=final,
+        best_ma5=None if math.isinf(state.best_ma5) else state.best_ma5,
+        saved_reason=state.saved_reason,
+        log=log,
+    )
+
+
+# =============================================================================== save
+
+
+def _export(run: DitRun, key: str, metadata: dict[str, str] | None = None) -> list[str]:
+    meta = {
+        "hot_step_dit_trainer": "v1",
+        "hot_step_base_model": run.dit_name,
+        "hot_step_variant": run.models.variant.name,
+        **(metadata or {}),
+    }
+    common: dict[str, Any] = {
+        "rename": export.ACESTEP_OFFICIAL_NAMES,
+        "trigger": run.trigger,
+        "trigger_position": run.trigger_position,
+        "drop_groups": run.settings.zero_groups,
+        "metadata": meta,
+    }
+    if run.spec.kind == "lora":
+        return export.export_lora(
+            run.transformer, run.storage, key, base_model_name_or_path=run.dit_name, **common
+        )
+    extra = {"target_mlp": run.options.target_mlp}
+    return export.export_lokr(run.transformer, run.storage, key, extra_config=extra, **common)
+
+
+def save(run: DitRun, reason: str) -> list[str]:
+    """Export the model's current adapter into the run folder (`saved_reason` best|target|final)."""
+    if "export" not in run.options.stages or not run.is_main:
+        return []
+    state = run.state
+    files = _export(run, run.run_key, {"hot_step_saved_reason": reason})
+    state.saved_reason = reason
+    state.saved_epoch = state.best_epoch if reason == "best" else len(state.history)
+    state.saved_ma5 = None if math.isinf(state.best_ma5) else state.best_ma5
+    state.last_export = time.time()
+    run.pending_best = None
+    return files
+
+
+def save_state(run: DitRun) -> None:
+    """A resumable checkpoint: through the hook (Ray) or into `<run>/checkpoint/`."""
+    run.state.last_checkpoint = time.time()
+    if run.checkpoint_hook is not None:
+        run.checkpoint_hook(run)
+    elif run.is_main:
+        write_checkpoint(run, run.storage, run.checkpoint_key)
+
+
+def write_checkpoint(run: DitRun, storage: Storage, key: str) -> str:
+    extra = {
+        "state": asdict(run.state),
+        "stop": run.stop.state_dict(),
+        "milestones": run.milestones.state_dict(),
+        "fit": run.fit.to_dict(),
+        "run_key": run.run_key,
+    }
+    return save_checkpoint(
+        storage,
+        key,
+        model=run.transformer,
+        optimizer=run.optimizer,
+        step=run.state.step,
+        epoch=run.state.epoch,
+        config=resolved_config(run),
+        extra=extra,
+        fingerprint=run.fingerprint,
+    )
+
+
+def _adopt_fit(run: DitRun, saved: dict[str, Any]) -> None:
+    """Resume with the checkpoint's crop, batch and checkpointing (the data streams and the LR
+    schedule depend on them), even when this GPU's own fit differs (a restart on another node),
+    as long as the memory model says they fit here."""
+    keys = ("crop_frames", "batch", "ckpt_layers", "trained_layers")
+    if all(saved[k] == getattr(run.fit, k) for k in keys):
+        return
+    if saved["trained_layers"] != run.fit.trained_layers:
+        raise InputError(
+            f"checkpoint trains {saved['trained_layers']} layers, this run "
+            f"{run.fit.trained_layers}: pass the same --layers to resume"
+        )
+    plan = dit_vram.Plan(
+        saved["crop_frames"],
+        saved["batch"],
+        saved["ckpt_layers"],
+        saved["trained_layers"],
+        run.cache.condition_len,
+    )
+    need = dit_vram.estimate(run.dims, run.spec, plan, padded=saved["batch"] > 1)
+    if run.fit.budget is not None and need.total > run.fit.budget:
+        raise dit_vram.VramFitError(
+            f"the checkpoint's crop {plan.crop_frames} / batch {plan.batch} / "
+            f"{plan.ckpt_layers} checkpointed layers need {need.total / dit_vram.GB:.1f} GB; "
+            f"{run.fit.budget / dit_vram.GB:.1f} GB is available here"
+        )
+    run.fit = replace(
+        run.fit,
+        crop_frames=plan.crop_frames,
+        batch=plan.batch,
+        ckpt_layers=plan.ckpt_layers,
+        estimate=need,
+        notes=(*run.fit.notes, "crop/batch/checkpointing taken from the checkpoint"),
+    )
+    run.frames = dit_data.batch_frames(run.cache, plan.crop_frames)
+    _install_checkpointing(run.transformer, plan.ckpt_layers, plan.trained_layers)
+    run.schedule = build_schedule(run.options, run.settings, run.cache, plan.batch)
+
+
+def restore(run: DitRun, storage: Storage, key: str) -> None:
+    """Continue from the checkpoint at `key`: adapter, optimizer, loop state, stop rule and
+    milestones, with the checkpoint's crop/batch/checkpointing."""
+    loaded = load_checkpoint(
+        storage, key, model=run.transformer, optimizer=run.optimizer, fingerprint=run.fingerprint
+    )
+    extra = loaded.extra
+    _adopt_fit(run, extra["fit"])
+    state = TrainState(**extra["state"])
+    state.last_export = state.last_checkpoint = 0.0
+    if state.stop_reason == "max_steps":  # a deliberate pause, not an end
+        state.stop_reason = ""
+    state.resumes = [*state.resumes, {"step": state.step, "epoch": state.epoch}]
+    run.state = state
+    run.stop.load_state_dict(extra["stop"])
+    run.milestones.load_state_dict(extra["milestones"])
+    _log(run, f"resumed from {storage.url_of(key)} at step {state.step} (epoch {state.epoch})")
+
+
+def _log(run: DitRun, message: str, level: str = "info") -> None:
+    if run.events:
+        run.events.log(message, level)  # type: ignore[arg-type]
+
+
+def resolved_config(run: DitRun) -> dict[str, Any]:
+    options = run.options
+    config = options.model_dump(mode="json")
+    config.update(
+        {
+            "learning_rate": options.effective_learning_rate,
+            "weight_decay": options.effective_weight_decay,
+            "loss_weighting": options.effective_loss_weighting,
+            "lokr_alpha": options.effective_lokr_alpha,
+            "cfg_ratio": run.loss.cfg_ratio,
+            "crop_frames": run.fit.crop_frames,
+            "crop_source": run.fit.crop_source,
+            "batch": run.fit.batch,
+            "ckpt_layers": run.fit.ckpt_layers,
+            "layers": run.fit.trained_layers,
+            "n_layers_total": run.dims.layers,
+            "lora_dropout": run.spec.dropout,
+            "dit_path": run.dit_folder,
+            "dit_name": run.dit_name,
+            "variant": run.models.variant.name,
+            "tensors": run.cache_key,
+            "samples": run.cache.samples,
+            "trigger": run.trigger,
+            "trigger_position": run.trigger_position,
+            "zero_groups": list(run.settings.zero_groups),
+            "world_size": run.settings.world_size,
+        }
+    )
+    return config
+
+
+def runtime_info(run: DitRun) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "backend": run.device.type,
+        "dtype": str(run.models.dtype).removeprefix("torch."),
+        "autocast": None if run.autocast is None else str(run.autocast).removeprefix("torch."),
+        "attention": "sdpa; dense band mask on sliding layers; padded keys masked",
+        "window_rule": run.settings.window_rule,
+        "compile": run.settings.compile,
+        "torch": torch.__version__,
+        "world_size": run.settings.world_size,
+    }
+    if run.device.type == "cuda":
+        info["device_name"] = torch.cuda.get_device_name(run.device)
+    return info
+
+
+def write_log(run: DitRun, final: bool = False) -> dict[str, Any]:
+    """`dit_train_log.json` in the run folder, rewritten every epoch."""
+    state = run.state
+    vram = run.fit.to_dict()
+    if run.device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(run.device)
+        vram.update(
+            peak_gb=round(torch.cuda.max_memory_allocated(run.device) / dit_vram.GB, 3),
+            free_gb=round(free / dit_vram.GB, 3),
+            total_gb=round(total / dit_vram.GB, 3),
+        )
+    log = {
+        "format": FORMAT,
+        "producer": PRODUCER,
+        "created_at": datetime.fromtimestamp(run.started, UTC).isoformat(),
+        "updated_at": datetime.now(UTC).isoformat(),
+        "final": final,
+        "config": resolved_config(run),
+        "runtime": runtime_info(run),
+        "vram": vram,
+        "data": {
+            **run.cache.summary(),
+            "frames_per_batch": run.frames,
+            "steps_per_epoch": run.schedule.steps_per_epoch,
+            "total_steps": run.schedule.total_steps,
+            "warmup_steps": run.schedule.warmup_steps,
+        },
+        "loss": run.loss.describe(),
+        "optimizer": {"kind": run.options.optimizer, "split": run.optimizer.split_summary()},
+        "epochs": state.history,
+        "steps": state.step,
+        "final_loss": state.history[-1]["loss"] if state.history else None,
+        "best_loss": None if math.isinf(state.best_ma5) else state.best_ma5,
+        "best_epoch": state.best_epoch,
+        "epochs_run": len(state.history),
+        "saved_ma5": state.saved_ma5,
+        "saved_epoch": state.saved_epoch,
+        "saved_reason": state.saved_reason,
+        "stop_reason": state.stop_reason,
+        "target_loss_stop": state.target_stop,
+        "milestones": state.milestones,
+        "resumes": state.resumes,
+        "audio_seconds": state.audio_seconds,
+        "total_ms": (time.time() - run.started) * 1000,
+    }
+    if final and "export" in run.options.stages and state.saved_reason:
+        try:  # materialises every ΔW at once: up to ~10 GB for an XL LoRA r128
+            log["delta_report"] = export.delta_report(run.transformer)
+        except torch.OutOfMemoryError:
+            log["delta_report"] = "skipped: out of GPU memory"
+        flagged = [
+            g["group"] for g in log.get("delta_report", []) if isinstance(g, dict) and g["flagged"]
+        ]
+        if flagged:
+            _log(
+                run,
+                f"ΔW/W median above 5 % in {flagged}: the adapter may overpower the base",
+                "warn",
+            )
+    run.storage.write_json(f"{run.run_key}/{LOG_FILE}", log)
+    return log

@@ -1,0 +1,48 @@
+"""`hotstep-ray train-dit run` in-process (--no-ray) on the tiny DiT."""
+
+from __future__ import annotations
+
+import json
+
+from test_dit_support import (  # noqa: F401  (fixtures)
+    SLUG,
+    read_log,
+    single_thread_fixture,
+    tiny_dit_dir_fixture,
+    write_cache,
+)
+from typer.testing import CliRunner
+
+from hotstep_ray.cli.train_dit_cmd import app, build_options
+from hotstep_ray.core.storage import Storage
+
+
+def test_every_contract_field_is_an_option() -> None:
+    options = build_options(
+        "turbo", {"rank": "8", "learning_rate": "5e-4", "stages": "train", "target_mlp": False}
+    )
+    assert (options.rank, options.learning_rate, options.stages) == (8, 5e-4, ["train"])
+    assert options.target_mlp is False and options.variant_key == "turbo"
+    help_text = CliRunner().invoke(app, ["run", "--help"], terminal_width=200).output
+    for flag in ("--lokr-factor", "--no-target-mlp", "--crop-min-frames", "--ray", "--variant"):
+        assert flag in help_text
+
+
+def test_cli_trains_and_exports(tmp_path, tiny_dit_dir, single_thread) -> None:
+    storage = Storage(tmp_path / "data")
+    write_cache(storage)
+    args = ["run", SLUG, "--data", str(tmp_path / "data"), "--checkpoints", str(tiny_dit_dir)]
+    args += ["--variant", "turbo", "--no-ray", "--json", "--adapter-type", "lokr"]
+    args += ["--lokr-dim", "8", "--lokr-factor", "4", "--epochs", "3", "--crop-frames", "48"]
+    args += ["--init-adapter", "", "--optimizer", "adamw", "--trigger", "zz", "--artist", "cli"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output[result.output.index("{") :])
+    assert summary["stop_reason"] == "epochs" and summary["epochs_run"] == 3
+    run_key = storage.key_of(summary["run"])
+    assert run_key.startswith("adapters/dit-turbo/cli/")
+    assert storage.exists(f"{run_key}/lokr_weights.safetensors")
+    assert read_log(storage, run_key)["config"]["trigger"] == "zz"
+    assert storage.exists(f"jobs/{summary['job']}/events.jsonl")
+    bad = CliRunner().invoke(app, [*args[:-2], "--artist", "cli", "--batch", "99"])
+    assert bad.exit_code == 2 and "batch" in bad.output

@@ -1,0 +1,101 @@
+"""DiT training on Ray Train, on a simulated 2-node cluster (CPU workers, gloo, fake VRAM_GB).
+
+head node: 2 CPUs, VRAM_GB 24; second node: 2 CPUs, VRAM_GB 48."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_dit_support import (
+    SLUG,
+    fast_options,
+    tiny_dit_dir_fixture,  # noqa: F401  (fixtures)
+    write_cache,
+)
+
+from hotstep_ray.core.errors import InputError
+from hotstep_ray.core.storage import Storage
+from hotstep_ray.training import dit
+from hotstep_ray.training.ray_dit import train_dit_on_ray
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Its own 2-node cluster; a session Ray instance started earlier is stopped for the module
+    and started again afterwards."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from hotstep_ray.distributed.runtime import ensure_ray
+
+    had_session = ray.is_initialized()
+    if had_session:
+        ray.shutdown()
+    nodes = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"VRAM_GB": 24}}
+    )
+    big = nodes.add_node(num_cpus=2, resources={"VRAM_GB": 48})
+    ray.init(address=nodes.address, logging_level="WARNING", log_to_driver=False)
+    yield big.node_id
+    ray.shutdown()
+    nodes.shutdown()
+    if had_session:
+        ensure_ray(num_cpus=2)
+
+
+@pytest.fixture
+def storage(tmp_path) -> Storage:
+    store = Storage(tmp_path / "data")
+    write_cache(store)
+    return store
+
+
+def settings(tiny_dit_dir) -> dit.DitSettings:
+    return dit.DitSettings(
+        checkpoints_dir=str(tiny_dit_dir), export_interval_s=0, checkpoint_interval_s=0
+    )
+
+
+def _workers(storage: Storage, run_key: str) -> list[dict]:
+    files = storage.list(f"{run_key}/workers")
+    return [json.loads(storage.read_text(key)) for key in files]
+
+
+def test_a_40gb_job_lands_only_on_the_node_that_has_it(cluster, storage, tiny_dit_dir) -> None:
+    result = train_dit_on_ray(
+        fast_options(epochs=2), storage, SLUG, settings(tiny_dit_dir), vram_gb=40, max_failures=0
+    )
+    (worker,) = _workers(storage, result.run_key)
+    assert worker["node_id"] == cluster
+    assert result.metrics["node_id"] == cluster and result.vram_gb == 40
+    assert result.log["stop_reason"] == "epochs" and result.log["epochs_run"] == 2
+    with pytest.raises(InputError, match="largest node offers 48"):
+        train_dit_on_ray(fast_options(), storage, SLUG, settings(tiny_dit_dir), vram_gb=80)
+
+
+def test_a_killed_worker_resumes_from_the_last_checkpoint(cluster, storage, tiny_dit_dir) -> None:
+    options = fast_options(epochs=3, batch=1, grad_accum=1)  # 2 workers: 2 steps per epoch each
+    run_settings = settings(tiny_dit_dir)
+    run_settings.checkpoint_every_steps = 2
+    result = train_dit_on_ray(
+        options,
+        storage,
+        SLUG,
+        run_settings,
+        num_workers=2,
+        vram_gb=8,
+        max_failures=1,
+        fail_at_step=4,  # rank 0 dies once the step-4 (end of epoch 2) checkpoint is registered
+    )
+    workers = sorted(_workers(storage, result.run_key), key=lambda w: w["rank"])
+    assert [w["rank"] for w in workers] == [0, 1]
+    assert all(not w["first_attempt"] for w in workers), workers  # both ran on the restart
+    assert all(w["resumed_from"] == [{"step": 4, "epoch": 3}] for w in workers), workers
+    assert all(w["steps"] == 6 for w in workers)
+    # data parallel: both ranks hold the same adapter after every averaged step
+    assert workers[0]["adapter_sha256"] == workers[1]["adapter_sha256"]
+    assert result.log["resumes"] == [{"step": 4, "epoch": 3}]
+    assert result.log["epochs_run"] == 3 and result.checkpoint_path

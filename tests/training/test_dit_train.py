@@ -1,0 +1,225 @@
+"""The recipe end to end on the tiny DiT and a synthetic 3-song cache (CPU, one thread)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_dit_support import (  # noqa: F401  (fixtures)
+    SLUG,
+    fast_options,
+    read_log,
+    single_thread_fixture,
+    tiny_dit_dir_fixture,
+    write_cache,
+)
+
+from hotstep_ray.core.events import EventLog, MetricEvent
+from hotstep_ray.core.storage import Storage
+from hotstep_ray.models.acestep_dit import load_acestep_dit
+from hotstep_ray.training import adapters, dit, dit_data, dit_loss, export
+from hotstep_ray.training.checkpoint import read_manifest
+
+
+@pytest.fixture
+def storage(tmp_path) -> Storage:
+    store = Storage(tmp_path / "data")
+    write_cache(store)
+    write_cache(store, variant="base")
+    return store
+
+
+def settings(tiny_dit_dir, **overrides) -> dit.DitSettings:
+    values = {
+        "checkpoints_dir": str(tiny_dit_dir),
+        "export_interval_s": 0.0,
+        "checkpoint_interval_s": 0.0,
+        "step_event_interval_s": 0.0,
+    }
+    values.update(overrides)
+    return dit.DitSettings(**values)
+
+
+def run_training(storage, tiny_dit_dir, options, events=None, max_steps=None, **overrides):
+    run = dit.setup(options, storage, SLUG, settings(tiny_dit_dir, **overrides), events)
+    return run, dit.train(run, max_steps=max_steps)
+
+
+def test_loss_falls_on_a_memorisable_dataset(storage, tiny_dit_dir, single_thread) -> None:
+    options = fast_options(epochs=30, learning_rate=1e-2)
+    run, result = run_training(storage, tiny_dit_dir, options)
+    losses = [epoch["loss"] for epoch in run.state.history]
+    assert result.stop_reason == "epochs" and len(losses) == 30
+    assert sum(losses[-5:]) / 5 < 0.6 * sum(losses[:5]) / 5
+    assert result.saved_reason == "best"
+
+
+def test_resume_from_half_way_equals_uninterrupted(storage, tiny_dit_dir, single_thread) -> None:
+    options = fast_options(epochs=6, optimizer="muon", batch=1, grad_accum=2)
+    full, full_result = run_training(storage, tiny_dit_dir, options)
+    steps = full_result.steps
+    assert steps == 12  # 3 songs, batch 1, GA 2: 2 windows per epoch, the second one short
+
+    first, first_result = run_training(storage, tiny_dit_dir, options, max_steps=steps // 2 + 1)
+    assert first_result.stop_reason == "max_steps"  # stopped in the middle of an epoch
+    # crop auto-fit would pick 90 frames here: the resume adopts the checkpoint's 48
+    auto_crop = options.model_copy(update={"crop_frames": 0})
+    resumed, resumed_result = run_training(
+        storage,
+        tiny_dit_dir,
+        auto_crop,
+        run_key=first.run_key,
+        resume=first.checkpoint_key,
+    )
+    assert resumed.fit.crop_frames == 48 and resumed.frames == 48
+    assert resumed_result.steps == steps
+    assert [e["loss"] for e in resumed.state.history] == [e["loss"] for e in full.state.history]
+    full_state = adapters.adapter_state_dict(full.transformer)
+    for key, value in adapters.adapter_state_dict(resumed.transformer).items():
+        assert torch.equal(value, full_state[key]), key
+    log = read_log(storage, first.run_key)
+    assert log["resumes"] == [{"step": steps // 2 + 1, "epoch": 4}]
+
+
+def _fixed_loss(run: dit.DitRun, transformer_models) -> float:
+    """Loss of one fixed micro-batch with fixed draws through `transformer_models`."""
+    crops = [dit_data.Crop(0, 0, 40, False), dit_data.Crop(2, 20, 48, False)]
+    batch = dit_data.assemble(run.cache, crops, run.frames)
+    noise = torch.randn(batch.target_latents.shape, generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        return dit_loss.flow_matching_loss(
+            transformer_models,
+            batch,
+            torch.tensor([0.3, 0.8]),
+            noise,
+            torch.tensor([False, True]),
+            channel_weights=run.loss.channel_weights,
+        ).loss.item()
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"adapter_type": "lora"},
+        {"adapter_type": "lokr", "lokr_dim": 8, "lokr_alpha": 4, "lokr_factor": 4},
+    ],
+    ids=["lora", "lokr"],
+)
+def test_export_reload_reproduces_the_trainers_loss(
+    storage, tiny_dit_dir, single_thread, overrides
+) -> None:
+    run, result = run_training(storage, tiny_dit_dir, fast_options(epochs=4, **overrides))
+    assert result.saved_reason == "best"  # the best ma5 epoch's adapter, exported as it came
+    dit.save(run, "final")  # now the model's current adapter, to compare with the live model
+    # The export is BF16: the trainer's own model with its adapter rounded to BF16 must give the
+    # very same loss as a fresh base model loading the exported files.
+    state = adapters.adapter_state_dict(run.transformer)
+    trained = _fixed_loss(run, run.models)
+    adapters.load_adapter_state(run.transformer, {k: v.bfloat16() for k, v in state.items()})
+    rounded = _fixed_loss(run, run.models)
+
+    fresh = load_acestep_dit(tiny_dit_dir / "turbo", device="cpu", dtype=torch.float32)
+    export.load_exported(
+        fresh.transformer, storage, result.run_key, rename=export.ACESTEP_OFFICIAL_NAMES
+    )
+    reloaded = _fixed_loss(run, fresh)
+    assert reloaded == pytest.approx(rounded, rel=1e-6, abs=1e-7)
+    assert reloaded == pytest.approx(trained, rel=1e-2)
+
+    kind, _tensors, meta = export.read_adapter_file(storage, result.run_key)
+    assert kind == overrides["adapter_type"]
+    assert meta["hot_step_trigger"] == "zqx" and meta["modelspec.trigger_phrase"] == "zqx"
+    assert meta["hot_step_trigger_position"] == "prepend"
+    assert result.run_key.startswith("adapters/dit-turbo/band/")
+
+
+def test_checkpointed_layers_give_the_same_gradients(storage, tiny_dit_dir, single_thread) -> None:
+    run = dit.setup(fast_options(), storage, SLUG, settings(tiny_dit_dir))
+    window = dit.epoch_windows(run, 1)[0]
+    grads = []
+    for ckpt_layers in (0, 4):
+        dit._install_checkpointing(run.transformer, ckpt_layers, 4)
+        draws = dit.draw_window(run, window, step=0)
+        run.optimizer.zero_grad(set_to_none=True)
+        out = dit.micro_batch_loss(
+            run, draws.crops[0], draws.t[0], draws.cfg_drop[0], draws.weights[0], ("n", 0)
+        )
+        out.loss.backward()
+        grads.append({k: p.grad.clone() for k, p in adapters.trainable_parameters(run.transformer)})
+    for key, grad in grads[0].items():
+        assert torch.allclose(grad, grads[1][key], rtol=1e-5, atol=1e-7), key
+
+
+def test_base_lokr_muon_run_logs_events_milestones_and_target_stop(
+    storage, tiny_dit_dir, single_thread
+) -> None:
+    events: list = []
+    options = fast_options(
+        variant_key="base",
+        adapter_type="lokr",
+        lokr_dim=8,
+        lokr_alpha=4,
+        lokr_factor=4,
+        optimizer="muon",
+        muon_min_dim=8,
+        learning_rate=5e-3,
+        loss_weighting="flow_snr",
+        checkpoint_segments=2,
+        epochs=40,
+        target_loss=3.3,
+        milestone_step=0.25,
+        milestone_keep=2,
+    )
+    run, result = run_training(storage, tiny_dit_dir, options, events=EventLog(events.append))
+    assert run.loss.cfg_ratio == 0.15 and run.fit.ckpt_layers == 2
+    assert "Muon" in run.optimizer.split_summary() and run.optimizer.muon is not None
+    assert result.stop_reason == "target" and result.saved_reason == "target"
+    log = read_log(storage, result.run_key)
+    assert log["target_loss_stop"]["ma5"] <= 3.3 and log["epochs_run"] >= 5
+    assert log["config"]["variant"] == "base" and log["runtime"]["backend"] == "cpu"
+    assert log["vram"]["ckpt_layers"] == 2 and log["delta_report"]
+    kinds = {e.metric for e in events if isinstance(e, MetricEvent)}
+    assert kinds >= {"vram", "data", "step", "epoch", "milestone"}
+    kept = [m["name"] for m in log["milestones"]]
+    assert 1 <= len(kept) <= 2
+    for name in kept:
+        assert storage.exists(f"{result.run_key}/milestones/{name}/lokr_weights.safetensors")
+    folders = storage.list(f"{result.run_key}/milestones")
+    assert sorted(f.rsplit("/", 1)[-1] for f in folders) == sorted(kept)
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_state(
+    storage, tiny_dit_dir, single_thread, monkeypatch
+) -> None:
+    calls = {"n": 0}
+    original = dit_loss.flow_matching_loss
+
+    def poisoned(*args, **kwargs):
+        out = original(*args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] > 6:  # step 4 (two micro-batches per step)
+            out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(dit_loss, "flow_matching_loss", poisoned)
+    run, result = run_training(storage, tiny_dit_dir, fast_options(epochs=10))
+    assert result.stop_reason == "non_finite" and result.steps == 3
+    assert read_manifest(storage, run.checkpoint_key)["step"] == 3
+    state = adapters.adapter_state_dict(run.transformer)
+    assert all(torch.isfinite(v).all() for v in state.values())
+    kind, tensors, _ = export.read_adapter_file(storage, result.run_key)
+    assert all(torch.isfinite(t.float()).all() for t in tensors.values())
+    log = json.loads(storage.read_text(f"{result.run_key}/dit_train_log.json"))
+    assert log["stop_reason"] == "non_finite" and log["epochs_run"] == 3
+
+
+def test_latest_adapter_of_the_artist_warm_starts_the_next_run(
+    storage, tiny_dit_dir, single_thread
+) -> None:
+    first, _ = run_training(storage, tiny_dit_dir, fast_options(epochs=1, learning_rate=0.1))
+    trained = adapters.adapter_state_dict(first.transformer)
+    second = dit.setup(fast_options(init_adapter="latest"), storage, SLUG, settings(tiny_dit_dir))
+    assert second.run_key != first.run_key
+    for key, value in adapters.adapter_state_dict(second.transformer).items():
+        assert torch.equal(value, trained[key].bfloat16().float()), key  # the BF16 export

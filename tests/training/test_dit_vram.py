@@ -1,0 +1,147 @@
+"""The VRAM model (calibrated against measured peer peaks) and the auto-fit order."""
+
+from __future__ import annotations
+
+import pytest
+
+from hotstep_ray.core.contracts import TrainDitOptions
+from hotstep_ray.models.full_configs import dit_config, dit_param_counts
+from hotstep_ray.training.adapters import AdapterSpec
+from hotstep_ray.training.dit_vram import (
+    GB,
+    DitDims,
+    Plan,
+    VramFitError,
+    adapter_params,
+    estimate,
+    fit,
+    min_required_bytes,
+    step_flops,
+)
+
+GIB = 2**30
+DIMS = {layout: DitDims.from_config(dit_config(layout)) for layout in ("2b", "xl")}
+LORA64 = AdapterSpec(kind="lora", rank=64, alpha=128)
+LORA128 = AdapterSpec(kind="lora", rank=128, alpha=256)
+
+
+def test_shapes_and_parameter_counts_match_the_real_models() -> None:
+    for layout, dims in DIMS.items():
+        assert dims.transformer_params() == dit_param_counts(dit_config(layout))["transformer"]
+    # PEFT's own counts for the peers' r64 q/k/v/o(+MLP) adapters (dit-peer-baseline.md)
+    assert adapter_params(DIMS["2b"], LORA64, 24) == 81_788_928
+    assert adapter_params(DIMS["xl"], LORA64, 32) == 159_383_552
+    attention_only = AdapterSpec(kind="lora", rank=64, targets=("to_q", "to_k", "to_v", "to_out.0"))
+    assert adapter_params(DIMS["2b"], attention_only, 24) == 44_040_192
+
+
+# Measured peak GiB on an H200, LoRA r64 + MLP, batch 1, L = 769 (dit-peer-baseline.md).
+PEER_PEAKS = [
+    ("2b", 750, False, 5.5),
+    ("2b", 1500, False, 7.2),
+    ("2b", 3000, False, 10.5),
+    ("2b", 6000, False, 17.2),
+    ("xl", 1500, False, 16.2),
+    ("xl", 6000, False, 36.2),
+    ("2b", 750, True, 3.7),
+    ("2b", 6000, True, 4.4),
+    ("xl", 6000, True, 10.3),
+]
+
+
+@pytest.mark.parametrize(("layout", "frames", "ckpt", "measured"), PEER_PEAKS)
+def test_estimate_over_predicts_measured_peaks_a_little(layout, frames, ckpt, measured) -> None:
+    dims = DIMS[layout]
+    plan = Plan(frames, 1, dims.layers if ckpt else 0, dims.layers, 769)
+    predicted = estimate(dims, LORA64, plan, padded=False).total / GIB
+    assert measured <= predicted <= 1.3 * measured
+
+
+def _options(**overrides) -> TrainDitOptions:
+    return TrainDitOptions(adapter_type="lora", rank=128, alpha=256, **overrides)
+
+
+def _fit(budget_gb: float, **overrides):
+    return fit(
+        DIMS["2b"],
+        LORA128,
+        _options(**overrides),
+        longest_song=6000,
+        songs=10,
+        condition_len=800,
+        budget_bytes=budget_gb * GB,
+    )
+
+
+def test_auto_fit_shrinks_crop_first_then_checkpoints_then_batch() -> None:
+    roomy = _fit(200, batch=4)
+    assert (roomy.crop_frames, roomy.batch, roomy.ckpt_layers) == (1250, 4, 0)
+    # a little less: the crop gives first, nothing else moves
+    crop_only = _fit(roomy.estimate.total / GB * 0.9, batch=4)
+    assert 375 <= crop_only.crop_frames < 1250
+    assert (crop_only.batch, crop_only.ckpt_layers) == (4, 0)
+    # below the minimum crop without checkpointing: checkpointing starts, crop back up
+    at_min = estimate(DIMS["2b"], LORA128, Plan(376, 4, 0, 24, 800)).total / GB
+    with_ckpt = _fit(at_min * 0.95, batch=4)
+    assert with_ckpt.batch == 4 and with_ckpt.ckpt_layers > 0
+    assert with_ckpt.crop_frames >= 375
+    # below batch 4 with every layer checkpointed at the minimum crop: the batch gives
+    floor4 = estimate(DIMS["2b"], LORA128, Plan(376, 4, 24, 24, 800)).total / GB
+    fewer = _fit(floor4 * 0.97, batch=4)
+    assert fewer.batch < 4 and fewer.batch_source == "reduced"
+    # depth is never touched
+    assert all(f.trained_layers == 24 for f in (roomy, crop_only, with_ckpt, fewer))
+
+
+def test_refusal_names_the_need_and_the_way_out() -> None:
+    with pytest.raises(VramFitError) as info:
+        _fit(4.0)
+    message = str(info.value)
+    assert "needs" in message and "4.0 GB" in message and "--layers" in message
+    # the same budget fits when only the top 2 layers train
+    assert _fit(4.0, layers=2).trained_layers == 2
+
+
+def test_user_choices_are_kept() -> None:
+    fixed = _fit(200, crop_frames=3001, batch=2, checkpoint_segments=6)
+    assert (fixed.crop_frames, fixed.batch, fixed.ckpt_layers) == (3000, 2, 6)
+    assert (fixed.crop_source, fixed.ckpt_source) == ("fixed", "fixed")
+    off = _fit(200, checkpoint_segments=0)
+    assert off.ckpt_source == "off" and off.ckpt_layers == 0
+    clamped = fit(
+        DIMS["2b"],
+        LORA128,
+        _options(batch=8),
+        longest_song=900,
+        songs=3,
+        condition_len=800,
+        budget_bytes=None,
+    )
+    assert clamped.batch == 3 and clamped.batch_source == "clamped"
+    assert clamped.crop_frames == 900  # the longest song is shorter than crop_max
+
+
+def test_minimum_requirement_is_what_a_scheduler_must_find() -> None:
+    xl = min_required_bytes(DIMS["xl"], LORA128, _options(), longest_song=6000, condition_len=800)
+    assert 10 * GB < xl < 20 * GB  # a 24 GB card is enough, a 16 GB one is not
+    need = min_required_bytes(DIMS["2b"], LORA128, _options(), longest_song=6000, condition_len=800)
+    assert _fit(need / GB * 1.01).crop_frames >= 375
+    with pytest.raises(VramFitError):
+        _fit(need / GB * 0.99)
+
+
+@pytest.mark.parametrize(
+    ("layout", "targets", "tflop"),
+    [
+        ("2b", None, 22.67),
+        ("2b", ("to_q", "to_k", "to_v", "to_out.0"), 21.99),
+        ("xl", None, 61.06),
+        ("xl", ("to_q", "to_k", "to_v", "to_out.0"), 59.70),
+    ],
+)
+def test_step_flops_reproduce_the_peer_formula(layout, targets, tflop) -> None:
+    spec = LORA64 if targets is None else AdapterSpec(kind="lora", rank=64, targets=targets)
+    flops = step_flops(DIMS[layout], spec, frames=6000, condition_len=769)
+    assert flops["model"] / 1e12 == pytest.approx(tflop, abs=0.01)
+    with_ckpt = step_flops(DIMS[layout], spec, 6000, 769, ckpt_layers=DIMS[layout].layers)
+    assert with_ckpt["hardware"] > 1.3 * with_ckpt["model"]
