@@ -8,12 +8,15 @@ from rich.table import Table
 from hotstep_ray.cli import (
     adapters_cmd,
     audition_cmd,
+    calibrate_cmd,
     dataset_cmd,
     label_cmd,
     mm3_cmd,
     models_cmd,
     preprocess_cmd,
+    studio_cmd,
     train_dit_cmd,
+    train_lm_cmd,
 )
 from hotstep_ray.cli.common import console, handle_errors
 from hotstep_ray.core.events import LogEvent, ProgressEvent
@@ -29,9 +32,13 @@ app.add_typer(models_cmd.app, name="models")
 app.add_typer(label_cmd.app, name="label")
 app.add_typer(preprocess_cmd.app, name="preprocess")
 app.add_typer(train_dit_cmd.app, name="train-dit")
+app.add_typer(train_lm_cmd.app, name="train-lm")
+app.add_typer(calibrate_cmd.app, name="calibrate")
 app.add_typer(audition_cmd.app, name="audition")
 app.add_typer(adapters_cmd.app, name="adapters")
 app.add_typer(mm3_cmd.app, name="mm3")
+app.add_typer(studio_cmd.studio_app, name="studio")
+app.add_typer(studio_cmd.jobs_app, name="jobs")
 
 
 def _console_sink(event) -> None:

@@ -1,0 +1,266 @@
+"""LM adapter calibration: candidates x scales -> codes through `PlannerLM` -> scores -> winner.
+
+1. The run's candidates (its own adapter and every milestone, `runs.find_candidates`) and the
+   dataset's songs (`lm_codes.jsonl`, from the run log or `codes=`).
+2. Prompts: `seeds` generations cycling over the songs, seed `base_seed + i` (`prompts`).
+3. Work items: the base model, then every candidate x scale, all with the same requests; run by a
+   worker (one `PlannerLM`, adapters loaded onto shared copies of the base weights and cached) here
+   or on Ray actors (`ray_calibrate`). Requests pass `use_trigger=False`: the caption already
+   carries the trigger the way training rendered it, for the base and every candidate alike.
+4. Scores (`metrics`): D_marg + D_trans in bits against the dataset codes; memorisation guard
+   (> 25 codes copied from one training song trips); length guard (mean codes >= 60 % of base).
+5. Winner (`grid.pick_winner`) baked into `<run>-calibrated/` with `hot_step_eval.json`
+   (`bake.write_calibrated`); with no eligible row only the report is written.
+
+Length. The planner emits exactly duration x 5 codes, so lengths differ only when the LM plans
+the duration itself: `duration_s=None` (the default) leaves it to phase 1 (the other metas stay
+pinned to the song's) and the length guard measures the adapter's planning. A fixed `duration_s`
+is cheaper (no CoT, fixed cost per item) but makes the length guard pass trivially.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from hotstep_ray.audition.planner import LoadedLm, PlannerLM, shared_copy
+from hotstep_ray.audition.schemas import LmRequest, LmSampling
+from hotstep_ray.calibration import bake, grid, metrics
+from hotstep_ray.calibration.grid import WorkerFactory, WorkItem, WorkResult
+from hotstep_ray.calibration.prompts import Prompt, song_prompts
+from hotstep_ray.calibration.ray_calibrate import Runner, run_local
+from hotstep_ray.calibration.report import (
+    CalibrationOutcome,
+    emit_rows,
+    progress_reporter,
+    verdict,
+    winner_entry,
+)
+from hotstep_ray.calibration.runs import codes_key, read_run
+from hotstep_ray.core.errors import InputError
+from hotstep_ray.core.events import EventLog
+from hotstep_ray.core.storage import Storage
+from hotstep_ray.training.lm_data import load_lm_codes
+
+PHASE = "calibrate-lm"
+METRIC = {
+    "score": "marginal + transition, bits in [0, 2]; lower is better",
+    "marginal": "Jensen-Shannon divergence (log2) of the generated vs dataset code histograms",
+    "transition": "Jensen-Shannon divergence (log2) of the in-sequence bigram histograms",
+    "memorisation": "longest generated run verbatim in one training song; trips above the limit",
+    "length": "mean generated codes / the base model's on the same prompts; passes at the floor",
+}
+
+
+class LmCalibrationConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    scales: tuple[float, ...] = grid.DEFAULT_SCALES
+    seeds: int = Field(default=4, ge=1, le=512)  # generations per grid point
+    base_seed: int = Field(default=1234, ge=0, le=2**62)
+    duration_s: float | None = Field(default=None, ge=1.0, le=600.0)  # None: the LM plans it
+    sampling: LmSampling = Field(default_factory=LmSampling)
+    memorisation_limit_codes: int = Field(default=metrics.MEMORISATION_LIMIT_CODES, ge=1)
+    length_floor: float = Field(default=metrics.LENGTH_FLOOR, ge=0.0, le=1.0)
+    include_final: bool = True  # the run's own adapter is a candidate besides the milestones
+
+    @field_validator("scales", mode="before")
+    @classmethod
+    def _scales(cls, value: Any) -> tuple[float, ...]:
+        return grid.parse_scales(value)
+
+
+def lm_requests(prompts: Sequence[Prompt], config: LmCalibrationConfig) -> list[dict[str, Any]]:
+    """One validated LmRequest (as a JSON dict) per prompt."""
+    return [
+        LmRequest(
+            **prompt.metas(),
+            **config.sampling.model_dump(),
+            duration=config.duration_s,
+            lm_seed=prompt.seed,
+            use_trigger=False,
+        ).model_dump(mode="json")
+        for prompt in prompts
+    ]
+
+
+# -- the worker ----------------------------------------------------------------------------------
+class LmWorker:
+    """Generates every request of a work item: the base model, or an adapter folder (loaded onto a
+    shared copy of the base weights, `max_adapters` kept) at the item's scale."""
+
+    def __init__(self, planner: PlannerLM, storage: Storage, max_adapters: int = 2) -> None:
+        self.planner, self.storage, self.max_adapters = planner, storage, max_adapters
+        self._cache: OrderedDict[str, LoadedLm] = OrderedDict()
+
+    def adapter(self, key: str) -> LoadedLm:
+        from hotstep_ray.training.export import load_exported
+
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        model = shared_copy(self.planner.base.model)
+        load_exported(model, self.storage, key)
+        model.eval().requires_grad_(False)
+        self._cache[key] = LoadedLm(name=f"calibrate:{key}", model=model, key=key)
+        while len(self._cache) > self.max_adapters:
+            self._cache.popitem(last=False)
+        return self._cache[key]
+
+    def __call__(self, item: WorkItem) -> WorkResult:
+        start = time.perf_counter()
+        adapter = None if item.is_base else self.adapter(item.key)
+        codes, receipts = [], []
+        for fields in item.requests:
+            scale = item.scale if adapter is not None else 1.0
+            result = self.planner.generate(
+                LmRequest(**{**fields, "lm_adapter_scale": scale}), adapter
+            )
+            codes.append(list(result.codes))
+            receipts.append(result.codes_sha1)
+        return WorkResult(item.index, codes, receipts, (time.perf_counter() - start) * 1000)
+
+
+@dataclass(frozen=True)
+class LmWorkerSpec:
+    """Picklable factory of an `LmWorker` (what Ray actors receive)."""
+
+    checkpoints: str
+    data: str  # storage root URL
+    lm: str | None = None  # LM folder name under checkpoints; None = the first usable one
+    expected_size: str = ""  # refuse an LM of another size ("" = no check)
+    device: str | None = None
+    dtype: str | None = None
+    decode_mode: str = "eager"
+
+    def __call__(self) -> LmWorker:
+        planner = PlannerLM.from_checkpoints(
+            self.checkpoints,
+            lm=self.lm or lm_folder_of_size(self.checkpoints, self.expected_size),
+            device=self.device,
+            dtype=self.dtype,
+            decode_mode=self.decode_mode,
+        )
+        if self.expected_size and planner.lm_size != self.expected_size:
+            raise InputError(
+                f"the run was trained on the {self.expected_size} LM; {self.checkpoints} gave "
+                f"{planner.lm_size} (pass --model with the right folder)"
+            )
+        return LmWorker(planner, Storage(self.data))
+
+
+def lm_folder_of_size(checkpoints: str, lm_size: str) -> str | None:
+    """Name of the first usable LM folder of `lm_size` under `checkpoints` (None: let the
+    planner pick, and the size check above refuse a mismatch)."""
+    from hotstep_ray.models.discovery import discover
+
+    if not lm_size:
+        return None
+    for info in discover(checkpoints):
+        if info.kind == "lm" and info.usable and info.variant == lm_size:
+            return info.name
+    return None
+
+
+# -- scoring -------------------------------------------------------------------------------------
+def score_lm(
+    items: Sequence[WorkItem],
+    results: Sequence[WorkResult],
+    dataset: metrics.DatasetCodes,
+    index: metrics.CorpusIndex,
+    config: LmCalibrationConfig,
+) -> list[dict[str, Any]]:
+    """One row per item (the base first); see the module docstring."""
+    base_lengths = [len(c) for c in results[0].outputs]
+    rows = []
+    for item, result in zip(items, results, strict=True):
+        generated = result.outputs
+        marginal = metrics.js_divergence(metrics.code_histogram(generated), dataset.marginal)
+        transition = metrics.js_divergence(metrics.bigram_histogram(generated), dataset.bigrams)
+        memo = metrics.memorisation_guard(
+            generated, index, dataset.names, config.memorisation_limit_codes
+        )
+        length = metrics.length_guard(
+            [len(c) for c in generated], base_lengths, config.length_floor
+        )
+        rows.append(
+            {
+                "candidate": item.candidate,
+                "key": item.key,
+                "scale": item.scale,
+                "marginal": marginal,
+                "transition": transition,
+                "score": marginal + transition,
+                "memorisation": memo.to_dict(),
+                "length": length.to_dict(),
+                "eligible": not memo.tripped and length.passed,
+                "codes_count": [len(c) for c in generated],
+                "codes_sha1": list(result.receipts),
+                "ms": round(result.ms, 1),
+            }
+        )
+    return rows
+
+
+# -- the whole calibration -----------------------------------------------------------------------
+def calibrate_lm(
+    storage: Storage,
+    run_key: str,
+    *,
+    checkpoints: str | None = None,
+    worker: WorkerFactory | None = None,
+    config: LmCalibrationConfig | None = None,
+    codes: str = "",
+    lm: str | None = None,
+    device: str | None = None,
+    runner: Runner = run_local,
+    events: EventLog | None = None,
+    repoint: bool = True,
+) -> CalibrationOutcome:
+    """Calibrate the LM run at `run_key` (see the module docstring). `worker` defaults to an
+    `LmWorkerSpec` over `checkpoints` with the run's LM size."""
+    config = config or LmCalibrationConfig()
+    run = read_run(storage, run_key, config.include_final)
+    if run.kind != "lm":
+        raise InputError(f"{run_key} is a {run.kind} run; use the DiT calibration")
+    if worker is None:
+        if not checkpoints:
+            raise InputError("calibrate_lm needs checkpoints (or a worker factory)")
+        worker = LmWorkerSpec(str(checkpoints), storage.url, lm, run.lm_size, device)
+    key = codes_key(storage, run, codes)
+    songs, _ = load_lm_codes(storage, key)
+    prompts = song_prompts(songs, config.seeds, config.base_seed, run.trigger, run.trigger_position)
+    items = grid.plan_items(run.candidates, config.scales, lm_requests(prompts, config))
+    if events is not None:
+        names = ", ".join(c.name for c in run.candidates)
+        events.log(
+            f"{PHASE}: {len(run.candidates)} candidates ({names}) x {len(config.scales)} scales "
+            f"x {config.seeds} seeds, + base; {len(songs)} dataset songs"
+        )
+    results = runner(items, worker, progress_reporter(events, PHASE))
+    dataset = metrics.DatasetCodes.from_songs([s.codes for s in songs], [s.song_id for s in songs])
+    rows = score_lm(items, results, dataset, metrics.CorpusIndex(dataset.songs), config)
+    winner = grid.pick_winner(rows, [c.name for c in run.candidates])
+    emit_rows(events, rows, winner)
+    document = bake.eval_document(
+        "lm",
+        run,
+        metric=METRIC,
+        config=config.model_dump(mode="json"),
+        seeds=[p.seed for p in prompts],
+        prompts=[p.to_dict() for p in prompts],
+        dataset={"codes": key, "songs": len(songs), "total_codes": dataset.total_codes},
+        candidates=[c.to_dict() for c in run.candidates],
+        base=rows[0],
+        grid=rows[1:],
+        winner=winner_entry(winner),
+    )
+    folder = bake.write_calibrated(storage, run, document, winner, repoint=repoint)
+    if events is not None:
+        events.log(verdict(winner, folder, storage), "info" if winner else "warn")
+    return CalibrationOutcome(run, rows, winner, folder, storage.read_json(folder.eval_key))

@@ -1,0 +1,182 @@
+"""`hotstep-ray train-lm run SLUG`: train a 5 Hz LM adapter from a dataset's `lm_codes.jsonl`.
+
+Only the options given on the command line reach `TrainLmOptions`; the rest take the LM recipe's
+defaults (`training.lm.recipe_options`). With `--init-adapter` (default `latest`: the newest run
+of this artist and size) the adapter type, rank and alpha not given here are taken from that run,
+and a contradicting one is refused. `--ray` runs the job on Ray Train (GPU workers sized from the
+memory plan, resume after a worker failure); `--no-ray` trains in this process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+from hotstep_ray.cli.common import console, handle_errors, print_json
+from hotstep_ray.core import layout
+from hotstep_ray.core.errors import InputError
+from hotstep_ray.core.events import LogEvent, MetricEvent
+from hotstep_ray.core.jobs import Job
+from hotstep_ray.core.storage import Storage
+from hotstep_ray.training import lm
+from hotstep_ray.training.lm_data import CODES_FILE
+
+app = typer.Typer(help="Train 5 Hz LM (planner) adapters.", no_args_is_help=True)
+
+
+@app.callback()
+def _group() -> None:
+    """Train 5 Hz LM (planner) adapters: `train-lm run SLUG …`."""
+
+
+def find_codes(storage: Storage, slug: str, variant: str = "") -> str:
+    """Key of `tensors/<slug>/<variant>/lm_codes.jsonl`; without a variant, the only one present
+    or the most recently written."""
+    if variant:
+        key = f"{layout.tensor_dir(slug, variant)}/{CODES_FILE}"
+        if not storage.exists(key):
+            raise InputError(f"{storage.url_of(key)}: missing (run preprocess for that variant)")
+        return key
+    parent = f"tensors/{layout.check_name(slug, 'dataset slug')}"
+    found = [
+        f"{d}/{CODES_FILE}" for d in storage.list(parent) if storage.exists(f"{d}/{CODES_FILE}")
+    ]
+    if not found:
+        raise InputError(f"no {CODES_FILE} under {storage.url_of(parent)}: run preprocess first")
+    return max(found, key=storage.mtime_ns)
+
+
+def _print_event(event: Any) -> None:
+    if isinstance(event, LogEvent):
+        style = {"info": "dim", "warn": "yellow", "error": "red"}[event.level]
+        console.print(f"  [{style}]{event.message}[/]", highlight=False, soft_wrap=True)
+    elif isinstance(event, MetricEvent) and event.metric == "epoch":
+        extra = event.model_extra or {}
+        mark = " *" if extra.get("best") else ""
+        console.print(
+            f"  epoch {event.epoch}/{event.epochs}  loss {event.loss:.4f}  "
+            f"lr {event.lr:.2e}  grad {event.grad_norm:.3f}{mark}",
+            highlight=False,
+        )
+
+
+@app.command("run")
+@handle_errors
+def run(
+    slug: str = typer.Argument(..., help="Dataset slug (its preprocessed codes are the data)."),
+    data: str = typer.Option("./data", help="Storage root: a folder or s3://bucket/prefix."),
+    checkpoints: str = typer.Option(..., help="ACE-Step checkpoints folder."),
+    size: str = typer.Option("0.6B", help="LM size: 0.6B, 1.7B or 4B."),
+    lm_model: str = typer.Option("", help="LM folder (name under --checkpoints, or a path)."),
+    variant: str = typer.Option("", help="Preprocessed variant (default: newest)."),
+    codes: str = typer.Option("", help="Storage key of lm_codes.jsonl (overrides the lookup)."),
+    artist: str = typer.Option("", help="Adapter name (default: the slug)."),
+    trigger: str = typer.Option("", help="Trigger word for every song (default: each row's tag)."),
+    trigger_position: str | None = typer.Option(None, help="prepend, append or replace."),
+    adapter_type: str | None = typer.Option(None, help="lora or lokr."),
+    rank: int | None = typer.Option(None, help="LoRA rank."),
+    alpha: float | None = typer.Option(None, help="LoRA alpha."),
+    lokr_dim: int | None = typer.Option(None),
+    lokr_alpha: float | None = typer.Option(None),
+    lokr_factor: int | None = typer.Option(None),
+    optimizer: str | None = typer.Option(None, help="muon or adamw."),
+    lr: float | None = typer.Option(None, help="Peak learning rate."),
+    epochs: int | None = typer.Option(None),
+    grad_accum: int | None = typer.Option(None),
+    target_loss: float | None = typer.Option(None, help="Stop when the 5-epoch mean gets here."),
+    max_len: int | None = typer.Option(None, help="Skip songs longer than this (0 = fit GPU)."),
+    batch: int | None = typer.Option(None, help="Songs per micro-batch (--batching bucket)."),
+    seed: int | None = typer.Option(None),
+    order: str | None = typer.Option(None, help="shuffle or sequential."),
+    loss_on_cot: bool | None = typer.Option(None, "--loss-on-cot/--no-loss-on-cot"),
+    milestone_step: float | None = typer.Option(None),
+    milestone_keep: int | None = typer.Option(None),
+    init_adapter: str | None = typer.Option(None, help="'latest', '' (scratch) or a run folder."),
+    batching: str = typer.Option("single", help="single, bucket or pack."),
+    pack_tokens: int = typer.Option(0, help="Row capacity when packing (0 = auto)."),
+    checkpointing: str = typer.Option("auto", help="auto, none, full or a layer count."),
+    attention: str = typer.Option("sdpa", help="sdpa or varlen."),
+    compile_layers: bool = typer.Option(False, "--compile", help="torch.compile each layer."),
+    device: str = typer.Option("", help="cuda, cuda:1, cpu (default: cuda when present)."),
+    resume: str = typer.Option("", help="Continue the checkpoint of this run folder (no Ray)."),
+    use_ray: bool = typer.Option(False, "--ray/--no-ray", help="Run as a Ray Train job."),
+    workers: int = typer.Option(1, help="Ray workers (one GPU each)."),
+    max_failures: int = typer.Option(2, help="Ray: restarts after a worker failure."),
+    ray_address: str = typer.Option("", help="Ray cluster to join (default: local)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the training log as JSON."),
+) -> None:
+    """Train a LoRA/LoKR adapter on the 5 Hz LM from SLUG's preprocessed codes."""
+    storage = Storage(data)
+    given = {
+        "adapter_type": adapter_type,
+        "rank": rank,
+        "alpha": alpha,
+        "lokr_dim": lokr_dim,
+        "lokr_alpha": lokr_alpha,
+        "lokr_factor": lokr_factor,
+        "optimizer": optimizer,
+        "learning_rate": lr,
+        "epochs": epochs,
+        "grad_accum": grad_accum,
+        "target_loss": target_loss,
+        "max_len": max_len,
+        "batch": batch,
+        "seed": seed,
+        "order": order,
+        "loss_on_cot": loss_on_cot,
+        "milestone_step": milestone_step,
+        "milestone_keep": milestone_keep,
+        "init_adapter": init_adapter,
+    }
+    name = artist or slug
+    options = lm.recipe_options(
+        lm_size=size, lm_model=lm_model, adapter_name=name, variant_key=variant,
+        **{k: v for k, v in given.items() if v is not None},
+    )  # fmt: skip
+    codes_key = codes or find_codes(storage, slug, variant)
+    engine = lm.LmEngine(
+        device=device,
+        batching=batching,
+        pack_tokens=pack_tokens,
+        checkpointing=checkpointing,
+        attention=attention,
+        compile=compile_layers,
+    )
+    job = Job(storage, "train-lm", dataset_id=slug, sinks=(_print_event,))
+    spec = lm.LmTrainSpec(
+        options=options,
+        lm_dir=str(lm.resolve_lm_dir(checkpoints, size, lm_model)),
+        codes_key=codes_key,
+        artist=name,
+        trigger=trigger or "",
+        trigger_position=trigger_position or "prepend",
+        engine=engine,
+        run_key=resume,
+        events_key=layout.job_events(job.id) if use_ray else "",
+    )
+    with job:
+        job.phase("train")
+        if use_ray:
+            from hotstep_ray.training.ray_lm import run_lm_on_ray
+
+            result = run_lm_on_ray(
+                spec,
+                storage,
+                num_workers=workers,
+                max_failures=max_failures,
+                ray_address=ray_address or None,
+            )
+        else:
+            result = lm.run_lm_training(spec, storage, events=job.events, resume=bool(resume))
+        job.phase("export")
+    if as_json:
+        print_json(result.log)
+        return
+    log = result.log
+    console.print(
+        f"[green]adapter:[/] {storage.url_of(result.run_key)}  "
+        f"({log['saved_reason']} epoch {log['saved_epoch']}, loss {log['saved_loss']:.4f}; "
+        f"{log['epochs_run']} epochs, stop: {log['stop_reason']})",
+        soft_wrap=True,
+    )

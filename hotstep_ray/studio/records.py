@@ -1,0 +1,151 @@
+"""Job records in storage, readable without Ray (the server, the `jobs` CLI, restart recovery).
+
+    jobs/<id>/job.json       the JobSummary (`core.jobs.Job` writes it while the job runs)
+    jobs/<id>/events.jsonl   every event, one JSON line each
+    jobs/<id>/_meta.json     studio jobs only: the summary plus how the studio ran it
+    jobs/<id>/result.json    what the stage returned, when it returned something JSON-able
+
+A job without `_meta.json` was started elsewhere (CLI, `ray job submit`): listed and replayed,
+never ended by the studio.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from hotstep_ray.core import layout
+from hotstep_ray.core.contracts import TERMINAL_JOB_STATUSES, JobSummary
+from hotstep_ray.core.errors import HotstepError, InputError
+from hotstep_ray.core.events import JobEvent, StatusEvent, now_ms, to_line
+from hotstep_ray.core.storage import Storage
+from hotstep_ray.studio.errors import ConflictError, NotFoundError
+
+NAMESPACE = "hotstep-studio"  # Ray namespace of the runner actors
+RESTARTED = "server restarted"
+
+
+class JobNotFoundError(NotFoundError):
+    """No such job."""
+
+
+class JobConflictError(ConflictError):
+    """A job is already running for this dataset, or the job cannot be cancelled here."""
+
+
+class StudioJobMeta(JobSummary):
+    """`jobs/<id>/_meta.json`: the summary plus how the studio ran the job."""
+
+    slug: str = ""
+    options: dict[str, Any] = Field(default_factory=dict)
+    runner: str = "ray-actor"
+    actor_name: str = ""
+    namespace: str = NAMESPACE
+    child_job_ids: list[str] = Field(default_factory=list)
+
+
+def meta_key(job_id: str) -> str:
+    return f"{layout.job_dir(job_id)}/_meta.json"
+
+
+def result_key(job_id: str) -> str:
+    return f"{layout.job_dir(job_id)}/result.json"
+
+
+def read_meta(storage: Storage, job_id: str) -> StudioJobMeta | None:
+    key = meta_key(job_id)
+    if not storage.exists(key):
+        return None
+    return StudioJobMeta.model_validate(storage.read_json(key))
+
+
+def read_summary(storage: Storage, job_id: str) -> JobSummary:
+    """A stored job's summary: the studio record first, then the plain `job.json`."""
+    try:
+        layout.check_name(job_id, "job id")
+    except InputError as exc:
+        raise JobNotFoundError(f"no job {job_id!r}") from exc
+    meta = read_meta(storage, job_id)
+    if meta is not None:
+        return JobSummary.model_validate(meta.model_dump())
+    key = layout.job_record(job_id)
+    if not storage.exists(key):
+        raise JobNotFoundError(f"no job {job_id!r}")
+    return JobSummary.model_validate(storage.read_json(key))
+
+
+def _job_ids(storage: Storage) -> list[str]:
+    names = (key.rsplit("/", 1)[-1] for key in storage.list("jobs"))
+    return [name for name in names if not name.startswith(".")]
+
+
+def list_stored(storage: Storage) -> list[JobSummary]:
+    """Every job under `jobs/`, minus the stage-internal records of studio jobs."""
+    summaries: dict[str, JobSummary] = {}
+    children: set[str] = set()
+    for job_id in _job_ids(storage):
+        try:
+            meta = read_meta(storage, job_id)
+            if meta is not None:
+                children.update(meta.child_job_ids)
+                summaries[job_id] = JobSummary.model_validate(meta.model_dump())
+            elif storage.exists(layout.job_record(job_id)):
+                summaries[job_id] = read_summary(storage, job_id)
+        except (HotstepError, ValueError):
+            continue  # a half-written or foreign folder is not a job
+    return [s for i, s in summaries.items() if i not in children]
+
+
+def _end_record(storage: Storage, job_id: str, status: str, error: str) -> JobSummary | None:
+    """Rewrite `job.json` as terminal and append the closing frames to `events.jsonl`, unless it
+    already ended; returns the new summary (None when there was nothing to end)."""
+    key = layout.job_record(job_id)
+    if not storage.exists(key):
+        return None
+    summary = JobSummary.model_validate(storage.read_json(key))
+    if summary.status in TERMINAL_JOB_STATUSES:
+        return None
+    summary = summary.model_copy(update={"status": status, "error": error, "finished_at": now_ms()})
+    storage.write_json(key, summary.to_json_dict())
+    events_key = layout.job_events(job_id)
+    storage.append_line(events_key, to_line(JobEvent(job=summary)))
+    storage.append_line(events_key, to_line(StatusEvent(status=status, error=error)))
+    return summary
+
+
+def end_stored_job(storage: Storage, meta: StudioJobMeta, status: str, error: str) -> StudioJobMeta:
+    """Mark a studio job (and its stage-internal records) terminal in storage."""
+    ended = _end_record(storage, meta.id, status, error)
+    if ended is None:
+        # job.json already terminal (or never written): keep its word, else use ours.
+        record = layout.job_record(meta.id)
+        if storage.exists(record):
+            ended = JobSummary.model_validate(storage.read_json(record))
+        else:
+            ended = meta.model_copy(update={"status": status, "error": error})
+            ended = JobSummary.model_validate(ended.model_dump())
+            ended.finished_at = now_ms()
+            storage.append_line(layout.job_events(meta.id), to_line(JobEvent(job=ended)))
+            storage.append_line(
+                layout.job_events(meta.id), to_line(StatusEvent(status=status, error=error))
+            )
+    for child in meta.child_job_ids:
+        _end_record(storage, child, status, error)
+    new_meta = StudioJobMeta.model_validate({**meta.model_dump(), **ended.model_dump()})
+    storage.write_json(meta_key(meta.id), new_meta.to_json_dict())
+    return new_meta
+
+
+def recover_stale_jobs(storage: Storage) -> list[str]:
+    """Mark studio jobs left `queued`/`running` by a previous server as failed; returns ids."""
+    recovered = []
+    for job_id in _job_ids(storage):
+        try:
+            meta = read_meta(storage, job_id)
+        except (HotstepError, ValueError):
+            continue
+        if meta is not None and meta.status not in TERMINAL_JOB_STATUSES:
+            end_stored_job(storage, meta, "failed", RESTARTED)
+            recovered.append(job_id)
+    return recovered

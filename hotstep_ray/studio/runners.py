@@ -1,0 +1,187 @@
+"""How the runner actor calls each stage: one small adapter per kind that knows the stage's own
+signature, plus `dataset_entry` for stages exposing the convention
+
+    fn(storage, slug, options, *, checkpoints_dir=..., events=<EventLog>)   # kwargs optional
+
+Adapters run inside the job's runner actor (`jobs.JobRunner`), so Ray is already connected and
+`ctx.events` reaches the job's `events.jsonl` and its live SSE stream.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from hotstep_ray.core.errors import InputError
+from hotstep_ray.core.events import EventLog, EventSink, parse_line
+from hotstep_ray.core.jobs import Job
+from hotstep_ray.core.storage import Storage
+
+
+class ForwardLog(EventLog):
+    """An EventLog that is also a sink: stages take one or the other (`events=`)."""
+
+    def __call__(self, event: Any) -> None:
+        self.emit(event)
+
+
+@dataclass
+class StageContext:
+    storage: Storage
+    slug: str
+    options: BaseModel
+    job: Job  # the studio job (phases, summary)
+    events: ForwardLog  # the stage's events, folded into the studio job
+    checkpoints_dir: str = ""
+
+
+# Below this many songs the probes run in the runner itself: starting Ray workers for a dozen
+# header reads costs more than the reads (seconds on a small box).
+RAY_PROBE_MIN_FILES = 200
+
+
+def build(ctx: StageContext, entry: Callable[..., Any]) -> dict[str, Any]:
+    """Rescan (per-file probes as Ray tasks for big folders; progress as `probe`) and write
+    `dataset.json`."""
+    from hotstep_ray.dataset.scan import list_audio_keys
+    from hotstep_ray.dataset.store import load_dataset, load_summary
+    from hotstep_ray.distributed.map import RayMap
+
+    job = ctx.job
+
+    def progress(done: int, total: int) -> None:
+        job.events.progress(done, total, phase="probe")
+
+    job.phase("scan")
+    summary = load_summary(ctx.storage, ctx.slug)
+    count = len(list_audio_keys(Storage(summary.source_dir), summary.recursive))
+    if count >= RAY_PROBE_MIN_FILES:
+        map_fn: Callable[..., Any] = RayMap(num_cpus=0.25, on_progress=progress)
+    else:
+        map_fn = _counting_map(progress)
+    detail = load_dataset(ctx.storage, ctx.slug, map_fn=map_fn)
+    for warning in detail.warnings:
+        job.events.log(warning, level="warn")
+    job.phase("build")
+    url = entry(ctx.storage, detail, ctx.options)
+    job.events.log(f"dataset.json written: {url}")
+    return {"datasetJsonPath": url}
+
+
+def _counting_map(on_progress: Callable[[int, int], None]) -> Callable[..., Any]:
+    """The builtin `map`, reporting (done, total) like `RayMap`."""
+
+    def counting(fn: Callable[[Any], Any], items: Any) -> list[Any]:
+        items = list(items)
+        results = []
+        for item in items:
+            results.append(fn(item))
+            on_progress(len(results), len(items))
+        return results
+
+    return counting
+
+
+def label(ctx: StageContext, entry: Callable[..., Any]) -> Any:
+    return entry(ctx.storage, ctx.slug, ctx.options, events=ctx.events)
+
+
+def preprocess(ctx: StageContext, entry: Callable[..., Any]) -> Any:
+    _need_checkpoints(ctx)
+    return entry(ctx.storage, ctx.slug, ctx.options, ctx.checkpoints_dir, "ray", ctx.events)
+
+
+def train_lm(ctx: StageContext, entry: Callable[..., Any]) -> Any:
+    """LM training as a Ray Train job. Its rank-0 worker appends events to a side file; a tail
+    thread folds them into this job so the SSE stream shows the loss as it goes."""
+    from hotstep_ray.cli.train_lm_cmd import find_codes, meta_trigger
+    from hotstep_ray.core import layout
+    from hotstep_ray.training import lm
+
+    _need_checkpoints(ctx)
+    options: Any = ctx.options
+    name = options.adapter_name or ctx.slug
+    given = {**options.model_dump(exclude_unset=True), "adapter_name": name}
+    recipe = lm.recipe_options(**given)
+    codes_key = find_codes(ctx.storage, ctx.slug, options.variant_key)
+    tag, position = meta_trigger(ctx.storage, codes_key)
+    side_key = f"{layout.job_dir(ctx.job.id)}/train_events.jsonl"
+    spec = lm.LmTrainSpec(
+        options=recipe,
+        lm_dir=str(lm.resolve_lm_dir(ctx.checkpoints_dir, recipe.lm_size, recipe.lm_model)),
+        codes_key=codes_key,
+        artist=name,
+        trigger=tag,
+        trigger_position=position,  # type: ignore[arg-type]
+        events_key=side_key,
+    )
+    ctx.job.phase("train")
+    with _Tail(ctx.storage, side_key, ctx.events):
+        result = entry(spec, ctx.storage)
+    ctx.job.phase("export")
+    return {"runKey": result.run_key, "files": result.files, "log": result.log}
+
+
+def dataset_entry(ctx: StageContext, entry: Callable[..., Any]) -> Any:
+    """The generic convention (module docstring): pass the keyword arguments it declares."""
+    import inspect
+
+    params = inspect.signature(entry).parameters
+    kwargs: dict[str, Any] = {}
+    if "events" in params:
+        kwargs["events"] = ctx.events
+    if "checkpoints_dir" in params:
+        _need_checkpoints(ctx)
+        kwargs["checkpoints_dir"] = ctx.checkpoints_dir
+    return entry(ctx.storage, ctx.slug, ctx.options, **kwargs)
+
+
+def _need_checkpoints(ctx: StageContext) -> None:
+    if not ctx.checkpoints_dir:
+        raise InputError("this stage needs a checkpoints folder (HOTSTEP_CHECKPOINTS)")
+
+
+class _Tail:
+    """Follows a JSONL key while a block runs, emitting each new event to `sink`."""
+
+    def __init__(self, storage: Storage, key: str, sink: EventSink, every_s: float = 0.5) -> None:
+        self.storage, self.key, self.sink, self.every_s = storage, key, sink, every_s
+        self._seen = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _drain(self) -> None:
+        if not self.storage.exists(self.key):
+            return
+        text = self.storage.read_text(self.key)
+        lines = text.splitlines()
+        if text and not text.endswith("\n"):
+            lines = lines[:-1]  # still being written
+        for line in lines[self._seen :]:
+            try:
+                event = parse_line(line)
+            except ValueError:
+                event = None
+            if event is not None:
+                self.sink(event)
+        self._seen = max(self._seen, len(lines))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self._drain()
+            except OSError:
+                continue  # storage hiccup: try again on the next tick
+
+    def __enter__(self) -> _Tail:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._drain()

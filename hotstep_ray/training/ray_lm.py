@@ -1,0 +1,156 @@
+"""LM adapter training as a Ray Train job: the same setup -> train -> save in every worker.
+
+Driver: size the job from the memory plan (`lm.memory_plan`: every layer checkpointed, the largest
+micro-batch), pick the run folder, start a `TorchTrainer` with one GPU per worker (CPU workers
+when there is no GPU), `FailureConfig(max_failures)`.
+Worker: `setup_lm` on its device (DDP over the loss module when there are several workers; each
+rank takes every world-th micro-batch group), resume from `ray.train.get_checkpoint()` when Ray
+restarted it, report each epoch's metrics (and every `checkpoint_every` epochs a checkpoint) with
+`ray.train.report`; rank 0 exports the adapter and writes `lm_train_log.json` into the run folder
+of the storage root, and appends the run's events to `spec.events_key` when given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import tempfile
+from typing import Any
+
+import torch
+
+from hotstep_ray.core.events import EventLog, jsonl_sink
+from hotstep_ray.core.storage import Storage
+from hotstep_ray.training import lm
+from hotstep_ray.training.lm_vram import GIB
+from hotstep_ray.training.ray_dit import VRAM_RESOURCE as VRAM_GB_RESOURCE
+
+# The custom node resource in GiB of GPU memory, shared with the DiT trainer and the cluster
+# configs (`ray start --resources='{"VRAM_GB": 80}'`). When the cluster advertises it the job asks
+# for what its memory plan needs, so it lands only on GPUs that are big enough; otherwise one
+# whole GPU per worker is asked for.
+VRAM_RESOURCE = VRAM_GB_RESOURCE
+RESULTS_DIR = "ray_results"
+
+
+def worker_resources(estimate_bytes: int, reserve_gib: float, cluster: dict[str, float]) -> dict:
+    """Resources of one GPU worker: a GPU, plus GiB of `VRAM_RESOURCE` when the cluster has it."""
+    resources: dict[str, float] = {"GPU": 1}
+    if VRAM_RESOURCE in cluster:
+        resources[VRAM_RESOURCE] = math.ceil(estimate_bytes / GIB + reserve_gib)
+    return resources
+
+
+def _train_loop(config: dict[str, Any]) -> None:
+    """Runs in each Ray Train worker."""
+    import ray.train
+    import ray.train.torch
+
+    context = ray.train.get_context()
+    rank, world = context.get_world_rank(), context.get_world_size()
+    spec = lm.LmTrainSpec.from_config(config["spec"])
+    storage = Storage(config["storage_url"], **config.get("storage_options", {}))
+    events = None
+    if spec.events_key and rank == 0:
+        events = EventLog(jsonl_sink(storage, spec.events_key))
+    device = ray.train.torch.get_device() if config["use_gpu"] else torch.device("cpu")
+    setup = lm.setup_lm(spec, storage, rank=rank, world=world, device=device, events=events)
+    state = None
+    restored = ray.train.get_checkpoint()
+    if restored is not None:
+        with restored.as_directory() as folder:
+            state = lm.load_state(setup, Storage(folder), "")
+        setup.log(f"resumed after a failure at epoch {state.epoch} (step {state.step})", "warn")
+    # Fault injection for tests: fail once, after this epoch's report.
+    marker = f"{spec.run_key}/.injected-failure"
+    fail_after = int(config.get("fail_after_epoch", 0))
+    if restored is not None or storage.exists(marker):
+        fail_after = 0
+    every = spec.engine.checkpoint_every
+
+    def report(setup: lm.LmSetup, state: lm.LmTrainState) -> None:
+        row = state.history[-1]
+        metrics = {"epoch": state.epoch, "step": state.step, "loss": row["loss"]}
+        due = every and (state.epoch % every == 0 or state.finished)
+        if due and rank == 0:
+            with tempfile.TemporaryDirectory() as folder:
+                lm.save_state(setup, state, Storage(folder), "")
+                checkpoint = ray.train.Checkpoint.from_directory(folder)
+                ray.train.report(metrics, checkpoint=checkpoint)
+        else:
+            ray.train.report(metrics)
+        if fail_after and state.epoch == fail_after and rank == 0:
+            # Wait until Ray has registered the checkpoint just reported, then die.
+            with contextlib.suppress(Exception):
+                ray.train.get_all_reported_checkpoints(timeout_s=60)
+            storage.write_text(marker, f"epoch {state.epoch}\n")
+            raise RuntimeError(f"injected failure after epoch {state.epoch}")
+
+    state = lm.train_lm(setup, state, on_epoch=report)
+    if rank == 0:
+        lm.save_lm(setup, state)
+        storage.delete(marker)
+
+
+def run_lm_on_ray(
+    spec: lm.LmTrainSpec,
+    storage: Storage,
+    *,
+    num_workers: int = 1,
+    use_gpu: bool | None = None,
+    max_failures: int = 2,
+    ray_address: str | None = None,
+    storage_path: str = "",
+    fail_after_epoch: int = 0,
+) -> lm.LmRunResult:
+    """Train on Ray and return what rank 0 wrote (run folder, files, the training log).
+    `use_gpu=None` uses GPUs when the cluster has any."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from hotstep_ray.core import layout
+    from hotstep_ray.distributed.runtime import ensure_ray
+
+    ray = ensure_ray(ray_address)
+    cluster = ray.cluster_resources()
+    if use_gpu is None:
+        use_gpu = cluster.get("GPU", 0) > 0
+    estimate = lm.memory_plan(spec, storage)
+    if not spec.run_key:
+        size = lm.lm_size_of(lm.read_dims(spec.lm_dir), spec.options.lm_size)
+        run_key = layout.new_run_dir(storage, layout.lm_adapter_base(size), spec.artist)
+        spec = spec.model_copy(update={"run_key": run_key})
+    if use_gpu:
+        resources = worker_resources(estimate.total, spec.engine.vram_reserve_gib, cluster)
+    else:
+        resources = {"CPU": 1}
+    results = storage_path or storage.url_of(RESULTS_DIR)
+    if storage.is_local:
+        os.makedirs(results, exist_ok=True)
+    name = spec.run_key.replace("/", "_")
+    trainer = TorchTrainer(
+        _train_loop,
+        train_loop_config={
+            "spec": spec.to_config(),
+            "storage_url": storage.url,
+            "storage_options": storage.storage_options,
+            "use_gpu": use_gpu,
+            "fail_after_epoch": fail_after_epoch,
+        },
+        scaling_config=ScalingConfig(
+            num_workers=num_workers, use_gpu=use_gpu, resources_per_worker=resources
+        ),
+        run_config=RunConfig(
+            name=name,
+            storage_path=results,
+            failure_config=FailureConfig(max_failures=max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=2),
+        ),
+    )
+    result = trainer.fit()
+    if result.error is not None:
+        raise result.error
+    log = storage.read_json(f"{spec.run_key}/{lm.LOG_FILE}")
+    files = [k for k in storage.list(spec.run_key) if not storage.is_dir(k)]
+    return lm.LmRunResult(spec.run_key, files, log, finished=True)
