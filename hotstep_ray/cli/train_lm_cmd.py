@@ -1,7 +1,7 @@
 """`hotstep-ray train-lm run SLUG`: train a 5 Hz LM adapter from a dataset's `lm_codes.jsonl`.
 
 Only the options given on the command line reach `TrainLmOptions`; the rest take the LM recipe's
-defaults (`training.lm.recipe_options`). With `--init-adapter` (default `latest`: the newest run
+defaults (`core.contracts.TrainLmOptions`). With `--init-adapter` (default `latest`: the newest run
 of this artist and size) the adapter type, rank and alpha not given here are taken from that run,
 and a contradicting one is refused. `--ray` runs the job on Ray Train (GPU workers sized from the
 memory plan, resume after a worker failure); `--no-ray` trains in this process.
@@ -15,6 +15,7 @@ import typer
 
 from hotstep_ray.cli.common import console, handle_errors, print_json
 from hotstep_ray.core import layout
+from hotstep_ray.core.contracts import TrainLmOptions
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import LogEvent, MetricEvent
 from hotstep_ray.core.jobs import Job
@@ -130,7 +131,7 @@ def run(
         "init_adapter": init_adapter,
     }
     name = artist or slug
-    options = lm.recipe_options(
+    options = TrainLmOptions(
         lm_size=size, lm_model=lm_model, adapter_name=name, variant_key=variant,
         **{k: v for k, v in given.items() if v is not None},
     )  # fmt: skip

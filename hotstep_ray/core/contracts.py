@@ -262,8 +262,11 @@ class TrainLmOptions(Options):
     lm_model: str = ""
     variant_key: str = ""
     adapter_name: str = ""
-    target_loss: float = Field(default=0.1, ge=0, le=20)  # 0 disables the auto-stop
-    epochs: int = Field(default=150, ge=1, le=200)
+    # The LM recipe's own defaults (issue 7 and the seed's engine), not the studio route's
+    # 150 epochs / target 0.1: a next-token loss over 64k code tokens never reaches 0.1, so that
+    # target would silently mean "always run every epoch".
+    target_loss: float = Field(default=4.0, ge=0, le=20)  # 0 disables the auto-stop
+    epochs: int = Field(default=75, ge=1, le=200)
     adapter_type: AdapterType = "lokr"
     rank: int = Field(default=16, ge=1, le=256)
     alpha: float = Field(default=32, ge=1, le=1024)
@@ -284,7 +287,7 @@ class TrainLmOptions(Options):
     seed: int = 42
     order: SampleOrder = "shuffle"
     loss_on_cot: bool = True
-    milestone_step: float = Field(default=0, ge=0, le=5)  # 0 = off
+    milestone_step: float = Field(default=1.0, ge=0, le=5)  # loss rungs; 0 = off
     milestone_keep: int = Field(default=6, ge=0, le=64)
     stages: list[TrainLmStage] = Field(default_factory=lambda: ["extract", "train", "export"])
     overwrite: bool = False

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from hotstep_ray.core.contracts import TrainLmOptions
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog, EventSink, parse_line
 from hotstep_ray.core.jobs import Job
@@ -106,7 +107,7 @@ def train_lm(ctx: StageContext, entry: Callable[..., Any]) -> Any:
     options: Any = ctx.options
     name = options.adapter_name or ctx.slug
     given = {**options.model_dump(exclude_unset=True), "adapter_name": name}
-    recipe = lm.recipe_options(**given)
+    recipe = TrainLmOptions(**given)
     codes_key = find_codes(ctx.storage, ctx.slug, options.variant_key)
     tag, position = meta_trigger(ctx.storage, codes_key)
     side_key = f"{layout.job_dir(ctx.job.id)}/train_events.jsonl"

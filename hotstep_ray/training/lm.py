@@ -49,20 +49,11 @@ from hotstep_ray.training.adapters import AdapterSpec
 from hotstep_ray.training.optim import build_optimizer
 from hotstep_ray.training.schedule import LrSchedule, MilestoneTracker, StopRule
 
-# The LM recipe's defaults (issue 7, the seed's effective values) where the shared contract carries
-# the HOT-Step route's (150 epochs, target 0.1, milestones off). `recipe_options` fills only what
-# the caller did not set; drop this once the contract agrees.
-LM_RECIPE_DEFAULTS: dict[str, Any] = {"epochs": 75, "target_loss": 4.0, "milestone_step": 1.0}
 LOG_FILE = "lm_train_log.json"
 LOG_FORMAT = "hot-step-lm-train-v1"
 CHECKPOINT_DIR = "checkpoint"  # resumable state under the run folder, removed after export
 MILESTONE_DIR = "milestones"
 MAX_LEN_CAP = 16384
-
-
-def recipe_options(**given: Any) -> TrainLmOptions:
-    """TrainLmOptions with the LM recipe's defaults for fields the caller leaves out."""
-    return TrainLmOptions(**{**LM_RECIPE_DEFAULTS, **given})
 
 
 class LmEngine(BaseModel):

@@ -43,18 +43,32 @@ def newton_schulz(
     """Quintic Newton–Schulz: G `[m, n]` -> ≈ U·S'·Vᵀ with S' ∈ (0.5, 1.5), in `dtype`.
 
     Works on the wide orientation (m <= n) so the Gram matrix `X Xᵀ` is the small `[m, m]`;
-    the Frobenius normalisation bounds the spectral norm by 1 (one slab, one norm)."""
+    the Frobenius normalisation bounds the spectral norm by 1 (one slab, one norm).
+
+    A bucket `[N, m, n]` is N independent slabs: one batched iteration (`bmm`/`baddbmm`), each
+    slab normalised by its OWN Frobenius norm — a global norm over the bucket would shrink a
+    small-gradient slab's spectrum towards 0, where five steps cannot lift it. The 2-D path is
+    torch's op sequence unchanged (the bf16 bit-for-bit reproduction relies on it)."""
+    if grad.ndim not in (2, 3):
+        raise ValueError(f"newton_schulz takes [m, n] or [N, m, n], got {tuple(grad.shape)}")
     a, b, c = coefficients
     x = grad.to(dtype)
-    tall = grad.size(0) > grad.size(1)
+    tall = grad.size(-2) > grad.size(-1)
     if tall:
-        x = x.T
-    x = x / x.norm().clamp(min=eps)
-    for _ in range(steps):
-        gram = x @ x.T  # [m, m]
-        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)  # b·A + c·A²
-        x = torch.addmm(x, poly, x, beta=a)  # a·X + (b·A + c·A²)·X
-    return x.T if tall else x
+        x = x.mT
+    if x.ndim == 2:
+        x = x / x.norm().clamp(min=eps)
+        for _ in range(steps):
+            gram = x @ x.T  # [m, m]
+            poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)  # b·A + c·A²
+            x = torch.addmm(x, poly, x, beta=a)  # a·X + (b·A + c·A²)·X
+    else:
+        x = x / torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True).clamp(min=eps)
+        for _ in range(steps):
+            gram = x @ x.mT  # [N, m, m]
+            poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+            x = torch.baddbmm(x, poly, x, beta=a)
+    return x.mT if tall else x
 
 
 def lr_ratio(shape: torch.Size | tuple[int, ...], adjust_lr_fn: str | None) -> float:
@@ -73,11 +87,31 @@ class Muon(torch.optim.Muon):
 
         buf ← μ·buf + (1−μ)·g;  u ← (1−μ)·g + μ·buf (nesterov) or buf
         p ← p·(1 − lr·wd) − lr·ratio(shape)·NS(u)
-    """
 
-    def __init__(self, params: Any, *, ns_dtype: torch.dtype = torch.float32, **kwargs: Any):
+    Bucketed. Hundreds of small LoRA matrices make a per-parameter step launch-bound (5 NS
+    iterations × 3 GEMMs each), so parameters are grouped by (shape, dtypes, device) and each
+    bucket runs ONE batched Newton–Schulz on its `[N, m, n]` stack (per-slab norm). Momentum, decay and the
+    update are `torch._foreach_*` over the parameters; state stays one `momentum_buffer` per
+    parameter, so `state_dict()` is torch's. `bucket_size` caps the slabs per NS call (None:
+    no cap; it bounds the transient few copies of a bucket's gradients). On CPU the result is
+    bitwise the per-parameter loop's; on CUDA batched GEMMs may round differently (float32).
+
+    `ns_dtype=torch.bfloat16` keeps the per-parameter loop: it exists to reproduce torch's step
+    bit for bit, and a batched bf16 GEMM/norm need not round like torch's per-matrix ones."""
+
+    def __init__(
+        self,
+        params: Any,
+        *,
+        ns_dtype: torch.dtype = torch.float32,
+        bucket_size: int | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(params, **kwargs)
+        if bucket_size is not None and bucket_size < 1:
+            raise ValueError(f"bucket_size must be >= 1 or None, got {bucket_size}")
         self.ns_dtype = ns_dtype
+        self.bucket_size = bucket_size
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -86,25 +120,85 @@ class Muon(torch.optim.Muon):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            lr, momentum = group["lr"], group["momentum"]
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                grad = param.grad
-                state = self.state[param]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(grad)
-                buf = state["momentum_buffer"]
-                buf.lerp_(grad, 1 - momentum)
-                update = grad.lerp(buf, momentum) if group["nesterov"] else buf
-                ortho = newton_schulz(
-                    update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype
-                )
-                param.mul_(1 - lr * group["weight_decay"])
-                param.add_(
-                    ortho.to(param.dtype), alpha=-lr * lr_ratio(param.shape, group["adjust_lr_fn"])
-                )
+            if self.ns_dtype == torch.bfloat16:
+                self._step_per_parameter(group)
+            else:
+                self._step_bucketed(group)
         return loss
+
+    def _step_per_parameter(self, group: dict[str, Any]) -> None:
+        """torch's loop, op for op (bf16 mode)."""
+        lr, momentum = group["lr"], group["momentum"]
+        for param in group["params"]:
+            if param.grad is None:
+                continue
+            grad = param.grad
+            state = self.state[param]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(grad)
+            buf = state["momentum_buffer"]
+            buf.lerp_(grad, 1 - momentum)
+            update = grad.lerp(buf, momentum) if group["nesterov"] else buf
+            ortho = newton_schulz(
+                update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype
+            )
+            param.mul_(1 - lr * group["weight_decay"])
+            param.add_(
+                ortho.to(param.dtype), alpha=-lr * lr_ratio(param.shape, group["adjust_lr_fn"])
+            )
+
+    def _step_bucketed(self, group: dict[str, Any]) -> None:
+        lr, momentum, decay = group["lr"], group["momentum"], group["weight_decay"]
+        params = [p for p in group["params"] if p.grad is not None]
+        if not params:
+            return
+        grads = [p.grad for p in params]
+        bufs = []
+        for param, grad in zip(params, grads, strict=True):
+            state = self.state[param]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(grad)
+            bufs.append(state["momentum_buffer"])
+        torch._foreach_lerp_(bufs, grads, 1 - momentum)
+        if lr * decay != 0:  # p·1 is p: skipping is exact
+            torch._foreach_mul_(params, 1 - lr * decay)
+
+        # (shape, dtypes, device) -> parameter indices. Exact shape, not "same wide side": NS
+        # runs a tall `[in, r]` on its transposed VIEW, and stacking those views keeps that
+        # layout, so every slab's GEMMs are the per-parameter ones (bitwise equal on CPU).
+        buckets: dict[tuple[Any, ...], list[int]] = {}
+        for i, (param, grad) in enumerate(zip(params, grads, strict=True)):
+            key = (tuple(param.shape), param.dtype, grad.dtype, param.device)
+            buckets.setdefault(key, []).append(i)
+        for members in buckets.values():
+            cap = self.bucket_size or len(members)
+            for start in range(0, len(members), cap):
+                self._bucket_update(group, params, grads, bufs, members[start : start + cap])
+
+    def _bucket_update(
+        self,
+        group: dict[str, Any],
+        params: list[torch.Tensor],
+        grads: list[torch.Tensor],
+        bufs: list[torch.Tensor],
+        idx: list[int],
+    ) -> None:
+        """One bucket of same-shape parameters: stack, one batched NS, scatter back."""
+        lr = group["lr"]
+        if group["nesterov"]:  # u = g.lerp(buf, μ), in place on the fresh stack of g
+            update = torch.stack([grads[i] for i in idx])
+            update.lerp_(torch.stack([bufs[i] for i in idx]), group["momentum"])
+        else:
+            update = torch.stack([bufs[i] for i in idx])
+        ortho = newton_schulz(
+            update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype
+        )
+        bucket = [params[i] for i in idx]
+        # contiguous: a tall bucket comes back as a transposed view; foreach's fast path (one
+        # launch per list, not per tensor) wants each slab laid out like its parameter.
+        slabs = ortho.to(bucket[0].dtype).contiguous().unbind(0)
+        ratio = lr_ratio(bucket[0].shape, group["adjust_lr_fn"])
+        torch._foreach_add_(bucket, list(slabs), alpha=-lr * ratio)
 
 
 def is_muon_param(param: torch.Tensor, min_dim: int) -> bool:

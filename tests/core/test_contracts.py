@@ -15,15 +15,17 @@ from hotstep_ray.core.contracts import (
 )
 
 
-def test_bare_request_gets_the_route_defaults():
+def test_bare_request_gets_the_documented_defaults():
     lm = TrainLmOptions()
     assert (lm.lm_size, lm.adapter_type, lm.optimizer, lm.epochs, lm.grad_accum) == (
         "4B",
         "lokr",
         "muon",
-        150,
+        75,
         2,
     )
+    # the LM recipe's stop and milestone defaults (issue 7), not the studio route's 0.1 / off
+    assert (lm.target_loss, lm.milestone_step) == (4.0, 1.0)
     assert (lm.lokr_dim, lm.lokr_alpha, lm.lokr_factor, lm.learning_rate) == (128, 128, 6, 1e-4)
     dit = TrainDitOptions()
     assert dit.adapter_type == "lokr" and dit.lokr_dim == 512 and dit.grad_accum == 4

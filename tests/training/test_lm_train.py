@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
+from hotstep_ray.core.contracts import TrainLmOptions
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.models import lm_tokenizer, prompts
@@ -65,7 +66,7 @@ def make_spec(
         **options,
     }
     return lm.LmTrainSpec(
-        options=lm.recipe_options(**{k: v for k, v in given.items() if v is not None}),
+        options=TrainLmOptions(**{k: v for k, v in given.items() if v is not None}),
         lm_dir=str(folder),
         codes_key=CODES_KEY,
         artist="band",
