@@ -19,6 +19,15 @@ Muon. `"match_rms_adamw"` (Moonshot: 0.2·sqrt(max side)) would stack on the ×2
 Precision. torch 2.13's Muon casts the Newton–Schulz iteration to bfloat16 (~1e-2 error after five
 steps); `Muon` below runs it in float32 by default, which matches a float64 reference to 1e-4.
 `ns_dtype=torch.bfloat16` reproduces torch's step bit for bit.
+
+Bucketing. LoRA/LoKR adapters give hundreds of small matrices (DiT LoRA r64: 528), and one
+Newton–Schulz per parameter (5 iterations × 3 GEMMs) makes the step launch-bound on a GPU. Same
+shape (and dtype/device) parameters are stacked `[N, m, n]` and orthogonalised by ONE batched
+iteration, each slab normalised by its own Frobenius norm; buckets hold at most `bucket_size`
+(16) slabs. CPU, 2 threads, 264 × [64, 2048] + 264 × [2048, 64]: cap 4-16 ≈ 0.8 s/step, 32
+≈ 0.96 s, 64 ≈ 1.5 s, no cap ≈ 1.8 s, per-parameter ≈ 0.94 s — past ~8 MB a stack's
+elementwise passes and the `baddbmm` leave the L3 cache. 16 already cuts NS launches 16×; on a
+GPU a larger cap (or None) trades a few hundred MB of transient stacks for fewer launches.
 """
 
 from __future__ import annotations
@@ -90,11 +99,12 @@ class Muon(torch.optim.Muon):
 
     Bucketed. Hundreds of small LoRA matrices make a per-parameter step launch-bound (5 NS
     iterations × 3 GEMMs each), so parameters are grouped by (shape, dtypes, device) and each
-    bucket runs ONE batched Newton–Schulz on its `[N, m, n]` stack (per-slab norm). Momentum, decay and the
-    update are `torch._foreach_*` over the parameters; state stays one `momentum_buffer` per
-    parameter, so `state_dict()` is torch's. `bucket_size` caps the slabs per NS call (None:
-    no cap; it bounds the transient few copies of a bucket's gradients). On CPU the result is
-    bitwise the per-parameter loop's; on CUDA batched GEMMs may round differently (float32).
+    bucket runs ONE batched Newton–Schulz on its `[N, m, n]` stack (per-slab norm). Momentum,
+    decay and the update are `torch._foreach_*` over the parameters; state stays one
+    `momentum_buffer` per parameter, so `state_dict()` is torch's. `bucket_size` caps the slabs
+    per NS call (None: no cap; the module docstring has the measurement). On CPU the result is
+    bitwise the per-parameter loop's; on CUDA a batched GEMM may round differently (float32
+    rounding).
 
     `ns_dtype=torch.bfloat16` keeps the per-parameter loop: it exists to reproduce torch's step
     bit for bit, and a batched bf16 GEMM/norm need not round like torch's per-matrix ones."""
@@ -104,7 +114,7 @@ class Muon(torch.optim.Muon):
         params: Any,
         *,
         ns_dtype: torch.dtype = torch.float32,
-        bucket_size: int | None = None,
+        bucket_size: int | None = 16,
         **kwargs: Any,
     ):
         super().__init__(params, **kwargs)
@@ -263,6 +273,7 @@ def build_optimizer(
     muon_nesterov: bool = True,
     muon_adjust_lr: MuonAdjustLr = "original",
     muon_ns_dtype: torch.dtype = torch.float32,
+    muon_bucket_size: int | None = 16,
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
 ) -> HybridOptimizer:
@@ -287,6 +298,7 @@ def build_optimizer(
             ns_steps=muon_ns_steps,
             adjust_lr_fn=muon_adjust_lr,
             ns_dtype=muon_ns_dtype,
+            bucket_size=muon_bucket_size,
         )
     adamw = None
     if adamw_named:

@@ -1,4 +1,5 @@
-"""Hybrid Muon: the per-parameter split, the update against a float64 reference, and the LR."""
+"""Hybrid Muon: the per-parameter split, the update against a float64 reference, the LR, and the
+shape buckets (one batched Newton–Schulz each) against the per-parameter loop."""
 
 from __future__ import annotations
 
@@ -40,7 +41,10 @@ def reference_muon(param, grads, *, lr, weight_decay, momentum=0.95, nesterov=Tr
 
 def test_muon_update_matches_float64_reference():
     generator = torch.Generator().manual_seed(0)
-    shapes, scales = [(24, 40), (48, 20), (32, 32)], [8.0, 1.0, 0.125]  # per-slab norms differ
+    # Per-slab norms differ, also WITHIN a bucket: three [24, 40] and three tall [40, 24] slabs
+    # at ×8/×1/×⅛ catch a Frobenius norm taken over the bucket instead of per slab.
+    shapes = [(24, 40), (48, 20), (32, 32)] + [(24, 40)] * 2 + [(40, 24)] * 3
+    scales = [8.0, 1.0, 0.125] + [1.0, 0.125] + [8.0, 1.0, 0.125]
     params = [torch.nn.Parameter(torch.randn(s, generator=generator)) for s in shapes]
     grads = [
         [torch.randn(s, generator=generator) * k for _ in range(4)]
@@ -74,23 +78,140 @@ def test_orthogonalised_update_is_semi_orthogonal():
 
 def test_bfloat16_mode_reproduces_torch_muon_bit_for_bit():
     generator = torch.Generator().manual_seed(2)
-    init = torch.randn(24, 40, generator=generator)
-    grads = [torch.randn(24, 40, generator=generator) for _ in range(3)]
-    ours = torch.nn.Parameter(init.clone())
-    theirs = torch.nn.Parameter(init.clone())
-    opt_ours = optim.Muon([ours], lr=0.02, ns_dtype=torch.bfloat16)
-    opt_theirs = torch.optim.Muon([theirs], lr=0.02)
-    for grad in grads:
-        ours.grad, theirs.grad = grad.clone(), grad.clone()
+    shapes = [(24, 40), (24, 40), (24, 40), (40, 24)]  # a bucket's worth: bf16 stays per-parameter
+    init = [torch.randn(s, generator=generator) for s in shapes]
+    grads = [[torch.randn(s, generator=generator) for s in shapes] for _ in range(3)]
+    ours = [torch.nn.Parameter(x.clone()) for x in init]
+    theirs = [torch.nn.Parameter(x.clone()) for x in init]
+    opt_ours = optim.Muon(ours, lr=0.02, ns_dtype=torch.bfloat16)
+    opt_theirs = torch.optim.Muon(theirs, lr=0.02)
+    for step_grads in grads:
+        for p, q, grad in zip(ours, theirs, step_grads, strict=True):
+            p.grad, q.grad = grad.clone(), grad.clone()
         opt_ours.step()
         opt_theirs.step()
-    assert torch.equal(ours, theirs)
+    assert all(torch.equal(p, q) for p, q in zip(ours, theirs, strict=True))
     # ...and that is why float32 is our default: torch's bf16 iteration misses the 1e-4 bar.
-    exact = optim.newton_schulz(grads[0].double(), NS, 5, 1e-7, torch.float64)
-    bf16 = optim.newton_schulz(grads[0], NS, 5, 1e-7, torch.bfloat16)
-    f32 = optim.newton_schulz(grads[0], NS, 5, 1e-7, torch.float32)
+    exact = optim.newton_schulz(grads[0][0].double(), NS, 5, 1e-7, torch.float64)
+    bf16 = optim.newton_schulz(grads[0][0], NS, 5, 1e-7, torch.bfloat16)
+    f32 = optim.newton_schulz(grads[0][0], NS, 5, 1e-7, torch.float32)
     assert (bf16.double() - exact).abs().max() > 1e-3 > 1e-5 > (f32.double() - exact).abs().max()
     assert opt_ours.state_dict()["state"][0].keys() == opt_theirs.state_dict()["state"][0].keys()
+
+
+def per_parameter_muon_step(params, bufs, group):
+    """The pre-bucketing loop (torch's, float32 NS), one parameter at a time, as the reference."""
+    lr, momentum = group["lr"], group["momentum"]
+    for param, buf in zip(params, bufs, strict=True):
+        if param.grad is None:
+            continue
+        grad = param.grad
+        buf.lerp_(grad, 1 - momentum)
+        update = grad.lerp(buf, momentum) if group["nesterov"] else buf
+        ortho = optim.newton_schulz(update, NS, group["ns_steps"], group["eps"])
+        param.mul_(1 - lr * group["weight_decay"])
+        param.add_(ortho, alpha=-lr * optim.lr_ratio(param.shape, group["adjust_lr_fn"]))
+
+
+# Same-shape runs (wide and tall, the tall ones interleaved), lone shapes, and one frozen slot.
+MIXED_SHAPES = [(24, 40), (40, 24), (24, 40), (32, 32), (40, 24), (24, 40), (48, 20)]
+MIXED_SHAPES += [(24, 40), (32, 32), (40, 24), (16, 64), (24, 40), (40, 24)]
+
+
+@pytest.mark.parametrize("bucket_size", [16, 2, None])
+@pytest.mark.parametrize(
+    ("nesterov", "adjust_lr_fn"), [(True, "original"), (False, "match_rms_adamw")]
+)
+def test_bucketed_step_matches_per_parameter_loop(bucket_size, nesterov, adjust_lr_fn):
+    generator = torch.Generator().manual_seed(3)
+    scales = [8.0, 1.0, 0.125]
+    init = [torch.randn(s, generator=generator) for s in MIXED_SHAPES]
+    grads = [
+        [torch.randn(s, generator=generator) * scales[i % 3] for i, s in enumerate(MIXED_SHAPES)]
+        for _ in range(4)
+    ]
+    ours = [torch.nn.Parameter(x.clone()) for x in init]
+    theirs = [x.clone() for x in init]
+    muon = optim.Muon(
+        ours,
+        lr=0.05,
+        weight_decay=0.1,
+        nesterov=nesterov,
+        adjust_lr_fn=adjust_lr_fn,
+        bucket_size=bucket_size,
+    )
+    bufs = [torch.zeros_like(x) for x in init]
+    for step_grads in grads:
+        before = [x.clone() for x in theirs]
+        for i, (p, q, grad) in enumerate(zip(ours, theirs, step_grads, strict=True)):
+            p.grad = None if i == 3 else grad.clone()  # one [32, 32] without a gradient
+            q.grad = p.grad
+        muon.step()
+        per_parameter_muon_step(theirs, bufs, muon.param_groups[0])
+        for p, q, p0 in zip(ours, theirs, before, strict=True):
+            want = q - p0
+            error = (p.detach() - p0 - want).abs().max() / want.abs().max().clamp(min=1e-30)
+            assert error <= 1e-6, error
+    assert torch.equal(ours[3], init[3]) and ours[3] not in muon.state
+    for p, buf in zip(ours, bufs, strict=True):
+        if p in muon.state:
+            assert torch.equal(muon.state[p]["momentum_buffer"], buf)
+
+
+@pytest.mark.parametrize(
+    ("bucket_size", "expected"), [(None, [5, 4, 2, 1, 1]), (2, [2, 2, 1, 2, 2, 2, 1, 1])]
+)
+def test_one_newton_schulz_call_per_bucket(monkeypatch, bucket_size, expected):
+    calls = []
+    real = optim.newton_schulz
+
+    def counting(update, *args):
+        calls.append(tuple(update.shape))
+        return real(update, *args)
+
+    monkeypatch.setattr(optim, "newton_schulz", counting)
+    generator = torch.Generator().manual_seed(4)
+    params = [torch.nn.Parameter(torch.randn(s, generator=generator)) for s in MIXED_SHAPES]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=generator)
+    optim.Muon(params, lr=0.02, bucket_size=bucket_size).step()
+    # Buckets in first-seen order: [24, 40] ×5, [40, 24] ×4, [32, 32] ×2, [48, 20], [16, 64].
+    assert [n for n, *_ in calls] == expected
+    assert all(len(shape) == 3 for shape in calls)
+    assert {shape[1:] for shape in calls} == {(24, 40), (40, 24), (32, 32), (48, 20), (16, 64)}
+
+
+def test_batched_newton_schulz_normalises_each_slab():
+    generator = torch.Generator().manual_seed(5)
+    for shape in [(24, 40), (40, 24)]:
+        bucket = torch.randn(3, *shape, generator=generator)
+        bucket *= torch.tensor([8.0, 1.0, 0.125]).view(3, 1, 1)
+        batched = optim.newton_schulz(bucket, NS, 5, 1e-7)
+        assert batched.shape == bucket.shape
+        for slab, got in zip(bucket, batched, strict=True):
+            want = optim.newton_schulz(slab, NS, 5, 1e-7)
+            assert (got - want).abs().max() <= 1e-6 * want.abs().max()
+            singular = torch.linalg.svdvals(got.double())
+            assert singular.min() > 0.5 and singular.max() < 1.5
+        # What the per-slab norm guards against: one norm for the whole bucket (the iteration
+        # below, un-normalised) leaves the ×⅛ slab far from orthogonal after five steps.
+        x = (bucket / bucket.norm()).double()
+        x = x.mT if shape[0] > shape[1] else x
+        a, b, c = NS
+        for _ in range(5):
+            gram = x @ x.mT
+            x = a * x + (b * gram + c * gram @ gram) @ x
+        assert torch.linalg.svdvals(x[2]).min() < 0.5
+    with pytest.raises(ValueError, match="newton_schulz"):
+        optim.newton_schulz(torch.randn(2, 2, 4, 4), NS, 5, 1e-7)
+
+
+def test_bucket_size_is_validated_and_defaults_to_16():
+    param = torch.nn.Parameter(torch.randn(16, 16))
+    assert optim.Muon([param]).bucket_size == 16
+    assert optim.build_optimizer([("w", param)], muon_bucket_size=None).muon.bucket_size is None
+    with pytest.raises(ValueError, match="bucket_size"):
+        optim.Muon([param], bucket_size=0)
 
 
 def test_split_counts_by_short_side(make_toy):
