@@ -160,3 +160,15 @@ def test_base_sampler_cfg_interval_uses_t_not_one_minus_t() -> None:
         models, conditions, context, cfg_interval_start=0.1, cfg_interval_end=0.5, **kwargs
     )
     assert (mirrored.latents - data["out.target_latents"]).abs().max() > 0.1
+
+
+def test_float_outputs_derived_from_indices_get_the_tolerance_not_exactness():
+    from hotstep_ray.models.verify import compare
+
+    reference = torch.tensor([0.5, -0.25, 1.0])
+    nudged = reference + torch.tensor([1e-7, 0.0, -1e-7])  # last-bit matmul noise
+    assert compare("out.quantized_from_indices", nudged, reference, 1e-4, 1e-4)[1]
+    # true indices and masks stay exact
+    assert not compare("out.indices", torch.tensor([1, 2, 4]), torch.tensor([1, 2, 3]), 1, 1)[1]
+    mask = torch.tensor([1.0, 0.0])
+    assert not compare("out.pooled_attention_mask", mask + 1e-7, mask, 1e-4, 1e-4)[1]
