@@ -1,14 +1,48 @@
-"""The main job on the embedded default: bundled songs → labeled dataset, on a local Ray.
+"""The main job (`make demo`): songs → labeled dataset → tensor cache → DiT and LM adapters → an A/B
+over HTTP, on one Ray. `run_main_job` is the recipe; each stage below is one function.
 
-It grows stage by stage into label → preprocess → train → audition as those land; today it renders
-the example songs (once), registers them as a dataset (once; reruns reuse it) with the per-file work
-spread over Ray tasks, labels every song offline (Essentia BPM/key + the offline captioner, filling
-only what is missing, on Ray actor pools), and writes the Side-Step `dataset.json`.
+  dataset      render the bundled songs (once) and create the dataset (once; reruns reuse it)
+  label        Essentia BPM/key + the offline captioner on Ray actor pools; fills only what is
+               missing, so a user's own caption or BPM is never replaced
+  build        the Side-Step `dataset.json`
+  checkpoints  `--checkpoints DIR`, or the tiny tree written once under <data>/checkpoints/tiny
+  preprocess   the safetensors tensor cache on Ray Data (cached samples are skipped)
+  train-dit    a new timestamped DiT adapter run (Ray Train, one worker; or in this process)
+  train-lm     a new timestamped LM adapter run (same)
+  audition     the audition Serve app on 127.0.0.1, one A/B over HTTP, Serve stopped again
+  report       a PNG of both runs' loss per step
+
+Events: label, preprocess and both trainers are jobs of their own (the same `jobs/<id>/` records
+their CLI commands write); each is folded into the main job's `events.jsonl` through `child_sink`,
+so the main stream ends with exactly one `status`. A Ray Train worker writes its stage's
+events.jsonl itself; the main job follows that file while the worker runs.
+
+The embedded default (no `--checkpoints`) is sized for a couple of minutes on 2 CPU cores (2 s
+cuts, tiny adapters, a few epochs: `tiny_recipe`). With real ACE-Step 1.5 weights every option is
+the contract default (`real_recipe`), except `--epochs`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import json
+import logging
+import math
+import os
+import secrets
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
 
 from hotstep_ray.audio.example_songs import write_example_songs
 from hotstep_ray.core import layout
@@ -17,10 +51,21 @@ from hotstep_ray.core.contracts import (
     CaptionProviderChoice,
     CreateDatasetInput,
     DatasetDetail,
+    JobKind,
     LabelOptions,
+    PreprocessOptions,
+    TrainDitOptions,
+    TrainLmOptions,
 )
-from hotstep_ray.core.events import EventSink, child_sink
-from hotstep_ray.core.jobs import Job
+from hotstep_ray.core.errors import InputError
+from hotstep_ray.core.events import (
+    EventSink,
+    MetricEvent,
+    ProgressEvent,
+    child_sink,
+    parse_line,
+)
+from hotstep_ray.core.jobs import Job, read_job_events
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.dataset.store import (
     build_from_detail,
@@ -30,12 +75,35 @@ from hotstep_ray.dataset.store import (
 )
 from hotstep_ray.distributed.map import RayMap
 from hotstep_ray.distributed.runtime import ensure_ray
+from hotstep_ray.labeling.job import LabelReport
 from hotstep_ray.labeling.ray_pool import label_dataset_on_ray
+from hotstep_ray.preprocess.finalize import PreprocessResult
+from hotstep_ray.preprocess.ray_pipeline import RayPipelineConfig
+from hotstep_ray.report_plot import Series, loss_plot
+from hotstep_ray.training.lm import LmEngine
 
 EXAMPLE_SONGS_KEY = "examples/songs"
 EXAMPLE_DATASET_NAME = "examples"
 EXAMPLE_TRIGGER = "hsdemo"
-
+TINY_CHECKPOINTS_KEY = "checkpoints/tiny"
+TINY_SEED = 0
+TINY_SECONDS = 2.0  # the tiny job's songs are cut here: VAE encoding dominates on a CPU
+AB_SEED = 42
+PLOT_FILE = "loss.png"
+RESULT_FILE = "result.json"  # the studio serves jobs/<id>/result.json
+AUDITION_APP = "audition"
+# The stage names, in order: the main job's phases and the rows of the final table.
+STAGES = (
+    "dataset",
+    "label",
+    "build",
+    "checkpoints",
+    "preprocess",
+    "train-dit",
+    "train-lm",
+    "audition",
+    "report",
+)
 
 # The embedded default needs no network and no keys: Essentia + the offline captioner, and only
 # fields a sidecar lacks are filled (a user's own caption or BPM is never replaced).
@@ -48,6 +116,169 @@ OFFLINE_LABELS = LabelOptions(
 )
 
 
+# =============================================================================== configuration
+
+
+@dataclass(frozen=True)
+class MainJobConfig:
+    data: str = "./data"  # storage root: a folder or s3://bucket/prefix
+    ray_address: str | None = None  # None: $RAY_ADDRESS or a new local Ray
+    checkpoints: str | None = None  # real ACE-Step 1.5 weights; None: the tiny tree
+    epochs: int | None = None  # both trainers; None: the recipe's
+    ray_train: bool = True  # train on Ray Train (one worker each); False: in this process
+    train: bool = True  # False: stop after preprocessing
+    audition: bool = True  # False: no Serve app, no A/B
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What each stage is asked to do: the one place where the tiny and the real job differ."""
+
+    preprocess: PreprocessOptions
+    pipeline: RayPipelineConfig
+    encoder_tasks_in_flight: int | None  # Ray Data batches queued per encoder actor; None: Ray's
+    dit: TrainDitOptions  # variant_key and adapter_name are filled in per run
+    dit_step_event_s: float  # min seconds between per-step metric events (the plot's points)
+    lm: TrainLmOptions
+    lm_engine: LmEngine
+    use_gpu: bool | None  # Ray Train workers; None: when the cluster has GPUs
+    max_failures: int  # Ray Train restarts after a worker failure
+    device: str | None  # in-process training and the audition replicas; None: cuda if present
+    torch_threads: int | None  # in-process training; None: torch's default
+    ab: dict[str, Any] = field(default_factory=dict)  # A/B request fields (duration, sampling)
+
+
+def tiny_recipe(epochs: int | None = None) -> Recipe:
+    """The embedded default. VAE encoding dominates on a CPU (1-2 s per second of audio for the
+    tiny VAE, whose first block runs at 48 kHz), so songs are cut to `TINY_SECONDS`. The adapters
+    start from scratch each run (no warm start) so every run's loss curve is comparable, and the
+    sizes and learning rates are ones that make the loss fall visibly within a few epochs.
+    Everything runs on the CPU, GPU or not, so the demo behaves the same on every machine."""
+    return Recipe(
+        preprocess=PreprocessOptions(max_duration_s=TINY_SECONDS),
+        # Two encoder actors, one per core of a 2-core box, with decode/write tasks beside them;
+        # batches of 6 give each actor one of the 12 songs' two batches (4 left one idle).
+        pipeline=RayPipelineConfig(
+            min_actors=2,
+            max_actors=2,
+            num_gpus_per_actor=0,
+            num_cpus_per_actor=0.75,
+            decode_cpus=0.25,
+            write_cpus=0.25,
+            batch_size=6,
+        ),
+        # One batch per actor at a time: otherwise Ray Data queues the second batch behind the
+        # first on whichever actor finished starting first, and the other actor idles.
+        encoder_tasks_in_flight=1,
+        dit=TrainDitOptions(
+            adapter_type="lokr",
+            lokr_dim=8,
+            lokr_alpha=8,
+            crop_frames=48,  # 1.9 s: all of each 2 s cut
+            batch=4,
+            grad_accum=1,
+            epochs=epochs or 8,
+            target_loss=0,
+            milestone_step=0,
+            checkpoint_segments=0,
+            init_adapter="",
+        ),
+        dit_step_event_s=0.0,  # an event per step: the plot's points
+        lm=TrainLmOptions(
+            lm_size="0.6B",
+            adapter_type="lora",
+            rank=4,
+            alpha=8,
+            optimizer="adamw",
+            learning_rate=1e-2,
+            epochs=epochs or 4,
+            grad_accum=1,
+            target_loss=0,
+            milestone_step=0,
+            init_adapter="",
+        ),
+        lm_engine=LmEngine(device="cpu", log_every=1),
+        use_gpu=False,
+        max_failures=0,
+        device="cpu",
+        torch_threads=1,  # tiny models: a second thread only spins against Ray's processes
+        # The tiny LM's logits are nearly flat over 64,000 codes: top-k 8 lets its ranking (and so
+        # the adapter) decide which code is drawn.
+        ab={"duration": 2.0, "top_k": 8},
+    )
+
+
+def real_recipe(lm_size: str, epochs: int | None = None) -> Recipe:
+    """Real weights: the contract defaults for every stage, `epochs` aside."""
+    given = {"epochs": epochs} if epochs else {}
+    return Recipe(
+        preprocess=PreprocessOptions(),
+        pipeline=RayPipelineConfig(),
+        encoder_tasks_in_flight=None,
+        dit=TrainDitOptions(**given),
+        dit_step_event_s=1.0,
+        lm=TrainLmOptions(lm_size=lm_size, **given),  # type: ignore[arg-type]
+        lm_engine=LmEngine(),
+        use_gpu=None,
+        max_failures=2,
+        device=None,
+        torch_threads=None,
+        ab={"duration": 30.0},
+    )
+
+
+# =============================================================================== results
+
+
+@dataclass(frozen=True)
+class StageReport:
+    name: str
+    seconds: float
+    summary: str
+    loss: str = ""  # "first → last" epoch loss, for the trainers
+    artifact: str = ""
+
+
+@dataclass(frozen=True)
+class TrainedAdapter:
+    kind: str  # "dit" | "lm"
+    job_id: str
+    run_key: str
+    url: str
+    adapter_type: str
+    base_model: str  # the DiT / LM folder it was trained on
+    epoch_losses: list[float]
+    steps: int  # optimizer steps run
+    step_losses: list[tuple[int, float]]  # from the step events (every step, or rate-limited)
+    saved_reason: str
+
+    @property
+    def adapter_id(self) -> str:
+        """The audition catalogue's id: the run key under `adapters/`."""
+        return self.run_key.removeprefix("adapters/")
+
+
+@dataclass(frozen=True)
+class AbReport:
+    preview_id: str
+    preview_url: str
+    caption: str
+    seed: int
+    adapter_id: str
+    codes_count: int
+    base_sha1: str
+    adapter_sha1: str
+    adapterless_sha1: str  # a plain /lm call without adapter, same seed and caption
+
+    @property
+    def base_reproducible(self) -> bool:
+        return self.base_sha1 == self.adapterless_sha1
+
+    @property
+    def adapter_differs(self) -> bool:
+        return self.adapter_sha1 != self.base_sha1
+
+
 @dataclass(frozen=True)
 class MainJobResult:
     job_id: str
@@ -56,56 +287,709 @@ class MainJobResult:
     dataset_json_url: str
     songs_url: str
     events_url: str
+    result_url: str
+    checkpoints: str
+    tiny: bool
+    stages: list[StageReport]
+    preprocess: PreprocessResult | None = None
+    dit: TrainedAdapter | None = None
+    lm: TrainedAdapter | None = None
+    ab: AbReport | None = None
+    plot_url: str = ""
+    seconds: float = 0.0
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """`jobs/<id>/result.json`: every artifact and number, the dataset by slug and id only."""
+        out: dict[str, Any] = {
+            "job_id": self.job_id,
+            "label_job_id": self.label_job_id,
+            "dataset": {"slug": self.dataset.slug, "id": self.dataset.id},
+            "dataset_json_url": self.dataset_json_url,
+            "songs_url": self.songs_url,
+            "events_url": self.events_url,
+            "result_url": self.result_url,
+            "checkpoints": self.checkpoints,
+            "tiny": self.tiny,
+            "stages": [asdict(stage) for stage in self.stages],
+            "preprocess": self.preprocess.model_dump(mode="json") if self.preprocess else None,
+            "plot_url": self.plot_url,
+            "seconds": round(self.seconds, 3),
+        }
+        for name, run in (("dit", self.dit), ("lm", self.lm)):
+            out[name] = None if run is None else {**asdict(run), "adapter_id": run.adapter_id}
+        out["ab"] = None
+        if self.ab is not None:
+            checks = {
+                "base_reproducible": self.ab.base_reproducible,
+                "adapter_differs": self.ab.adapter_differs,
+            }
+            out["ab"] = {**asdict(self.ab), **checks}
+        return out
 
 
-def run_main_job(
-    data: str, ray_address: str | None = None, sinks: tuple[EventSink, ...] = ()
-) -> MainJobResult:
-    """Run the main job with `data` as the storage root (a folder or an `s3://` URL)."""
-    storage = Storage(data)
-    songs = storage.child(EXAMPLE_SONGS_KEY)
+# =============================================================================== the recipe
+
+
+def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> MainJobResult:
+    """Run the main job with `config.data` as the storage root; `sinks` see every event."""
+    started = time.perf_counter()
+    storage = Storage(config.data)
+    reports: list[StageReport] = []
+    dit_run = lm_run = None
+    ab = None
+    plot_url = ""
     with Job(storage, "build", sinks=sinks) as job:
-        job.phase("songs")
-        written = write_example_songs(songs)
-        job.events.log(f"{len(written)} example songs in {songs.url}")
-
-        job.phase("ray")
-        ray = ensure_ray(ray_address)
-        job.events.log(f"Ray: {int(ray.cluster_resources().get('CPU', 0))} CPUs")
-
-        def progress(done: int, total: int) -> None:
-            job.events.progress(done, total, phase="probe")
-
-        ray_map = RayMap(num_cpus=0.5, on_progress=progress)
-        # One scan per run: the detail from create/load feeds the build directly.
-        job.phase("scan")
-        slug = find_dataset_by_source(storage, songs.url)
-        if slug is None:
-            inp = CreateDatasetInput(
-                name=EXAMPLE_DATASET_NAME, source_dir=songs.url, custom_tag=EXAMPLE_TRIGGER
-            )
-            detail = create_dataset(storage, inp, map_fn=ray_map)
-            job.events.log(f"created dataset {detail.slug!r}")
-        else:
-            detail = load_dataset(storage, slug, map_fn=ray_map)
-            job.events.log(f"reusing dataset {slug!r}")
-        for warning in detail.warnings:
-            job.events.log(warning, level="warn")
-
-        job.phase("label")
-        report = label_dataset_on_ray(
-            storage, detail.slug, OFFLINE_LABELS, events=child_sink(job.events)
-        )
-        detail = load_dataset(storage, detail.slug, map_fn=ray_map)  # sidecars changed: rescan
-
-        job.phase("build")
-        url = build_from_detail(storage, detail, BuildOptions())
+        with _stage(job, reports, "dataset") as row:
+            songs, detail = dataset_stage(job, storage, config.ray_address)
+            row.note(f"{len(detail.samples)} songs, dataset {detail.slug!r}", songs.url)
         job.summary.dataset_id = detail.id
-        return MainJobResult(
+        with _stage(job, reports, "label") as row:
+            label_report, detail = label_stage(job, storage, detail)
+            row.note(_label_summary(label_report))
+        with _stage(job, reports, "build") as row:
+            dataset_json_url = build_from_detail(storage, detail, BuildOptions())
+            row.note(f"{len(detail.samples)} samples", dataset_json_url)
+        with _stage(job, reports, "checkpoints") as row:
+            checkpoints, recipe, tiny = checkpoints_stage(job, storage, config)
+            row.note("tiny tree (CPU)" if tiny else "real weights", str(checkpoints))
+        with _stage(job, reports, "preprocess") as row:
+            pre = preprocess_stage(job, storage, detail, checkpoints, recipe)
+            counts = f"{pre.processed} encoded, {pre.cached} cached, {pre.failed} failed"
+            row.note(counts, pre.tensor_dir)
+        if config.train:
+            where = "Ray Train" if config.ray_train else "in process"
+            with _stage(job, reports, "train-dit") as row:
+                dit_run = train_dit_stage(job, storage, detail, pre, checkpoints, recipe, config)
+                row.note(_train_summary(dit_run, where), dit_run.url, _loss_change(dit_run))
+            with _stage(job, reports, "train-lm") as row:
+                lm_run = train_lm_stage(job, storage, detail, pre, checkpoints, recipe, config)
+                row.note(_train_summary(lm_run, where), lm_run.url, _loss_change(lm_run))
+            if config.audition:
+                with _stage(job, reports, "audition") as row:
+                    ab = audition_stage(job, storage, detail, checkpoints, lm_run, recipe)
+                    row.note(_ab_summary(ab), ab.preview_url)
+            else:
+                _skip(job, reports, ("audition",), "--skip-audition")
+            with _stage(job, reports, "report") as row:
+                plot_url = report_stage(storage, job.id, dit_run, lm_run)
+                row.note("loss per step of both runs", plot_url)
+        else:
+            _skip(job, reports, ("train-dit", "train-lm", "audition", "report"), "--skip-train")
+        result_key = f"{layout.job_dir(job.id)}/{RESULT_FILE}"
+        result = MainJobResult(
             job_id=job.id,
-            label_job_id=report.job_id,
+            label_job_id=label_report.job_id,
             dataset=detail,
-            dataset_json_url=url,
+            dataset_json_url=dataset_json_url,
             songs_url=songs.url,
             events_url=storage.url_of(layout.job_events(job.id)),
+            result_url=storage.url_of(result_key),
+            checkpoints=str(checkpoints),
+            tiny=tiny,
+            stages=reports,
+            preprocess=pre,
+            dit=dit_run,
+            lm=lm_run,
+            ab=ab,
+            plot_url=plot_url,
+            seconds=time.perf_counter() - started,
         )
+        # Before the terminal status: whoever sees `done` finds the result (the studio serves it).
+        storage.write_json(result_key, result.to_json_dict())
+    return result
+
+
+# =============================================================================== stages
+
+
+def dataset_stage(
+    job: Job, storage: Storage, ray_address: str | None
+) -> tuple[Storage, DatasetDetail]:
+    """Render the example songs (kept when present) and create their dataset, or load it."""
+    songs = storage.child(EXAMPLE_SONGS_KEY)
+    written = write_example_songs(songs)
+    job.events.log(f"{len(written)} example songs in {songs.url}")
+    ray = ensure_ray(ray_address)
+    job.events.log(f"Ray: {int(ray.cluster_resources().get('CPU', 0))} CPUs")
+
+    def progress(done: int, total: int) -> None:
+        job.events.progress(done, total, phase="probe")
+
+    ray_map = RayMap(num_cpus=0.5, on_progress=progress)
+    # One scan per run: the detail from create/load feeds the label step directly.
+    slug = find_dataset_by_source(storage, songs.url)
+    if slug is None:
+        inp = CreateDatasetInput(
+            name=EXAMPLE_DATASET_NAME, source_dir=songs.url, custom_tag=EXAMPLE_TRIGGER
+        )
+        detail = create_dataset(storage, inp, map_fn=ray_map)
+        job.events.log(f"created dataset {detail.slug!r}")
+    else:
+        detail = load_dataset(storage, slug, map_fn=ray_map)
+        job.events.log(f"reusing dataset {slug!r}")
+    for warning in detail.warnings:
+        job.events.log(warning, level="warn")
+    return songs, detail
+
+
+def label_stage(
+    job: Job, storage: Storage, detail: DatasetDetail
+) -> tuple[LabelReport, DatasetDetail]:
+    """Offline labels (its own `label` job); the analysis cache makes a rerun cheap."""
+    report = label_dataset_on_ray(
+        storage, detail.slug, OFFLINE_LABELS, events=child_sink(job.events)
+    )
+    # The sidecars may have changed: rescan (header reads only) so the build sees them.
+    return report, load_dataset(storage, detail.slug, map_fn=RayMap(num_cpus=0.5))
+
+
+def checkpoints_stage(
+    job: Job, storage: Storage, config: MainJobConfig
+) -> tuple[Path, Recipe, bool]:
+    """Real weights from `--checkpoints` (checked for every stage this job runs), else the tiny
+    tree. Returns (folder, recipe, tiny)."""
+    from hotstep_ray.models.discovery import discover, missing_for_stages
+
+    if config.checkpoints:
+        folder = Path(config.checkpoints).expanduser().resolve()
+        components = discover(folder)
+        wanted = ("preprocess", "train-dit", "train-lm", "audition")
+        missing = {
+            stage: [kind for kind in kinds if "optional" not in kind]
+            for stage, kinds in missing_for_stages(components).items()
+            if stage in wanted
+        }
+        if any(missing.values()):
+            lacking = "; ".join(f"{s}: {', '.join(k)}" for s, k in missing.items() if k)
+            raise InputError(
+                f"{folder} lacks what the main job needs ({lacking}); "
+                f"see `hotstep-ray doctor --checkpoints {folder}`"
+            )
+        sizes = [c.variant for c in components if c.kind == "lm" and c.usable and c.variant]
+        size = TrainLmOptions().lm_size
+        if size not in sizes:  # the contract's LM is not there: the largest one that is
+            size = max(sizes, key=lambda s: float(s.rstrip("B")))
+        job.events.log(f"real weights in {folder}; LM {size}")
+        return folder, real_recipe(size, config.epochs), False
+    folder = ensure_tiny_tree(storage)
+    job.events.log(f"tiny checkpoints in {folder}")
+    return folder, tiny_recipe(config.epochs), True
+
+
+def ensure_tiny_tree(storage: Storage) -> Path:
+    """The tiny checkpoint tree, written once per machine. The stages load models from local
+    paths, so with an `s3://` root it lives in the temp folder instead, and on a multi-node
+    cluster every node alive now gets its own copy at the same path (same seed, same bytes)."""
+    if storage.is_local:
+        folder = storage.local_path(TINY_CHECKPOINTS_KEY)
+    else:
+        folder = Path(tempfile.gettempdir()) / "hotstep-ray" / TINY_CHECKPOINTS_KEY
+    write_tiny_tree(str(folder))
+    _on_other_nodes(write_tiny_tree, str(folder))
+    return folder
+
+
+def write_tiny_tree(path: str) -> str:
+    """Write the tiny tree at `path` unless it is there. Written beside its final name and renamed
+    into place, so an interrupted write never leaves a half tree that later runs would trust."""
+    from hotstep_ray.models.tiny_tree import make_tiny_tree
+
+    folder = Path(path)
+    if folder.is_dir():
+        return path
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=".tiny-", dir=folder.parent))
+    try:
+        # diffusers' weight_norm deprecation warning is not the user's concern
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            make_tiny_tree(partial, seed=TINY_SEED)
+        os.replace(partial, folder)
+    except OSError:
+        if not folder.is_dir():  # a concurrent run renaming first is fine; anything else is not
+            raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return path
+
+
+def _on_other_nodes(fn: Callable[..., Any], *args: Any) -> None:
+    """Run `fn(*args)` once on every other alive node (nothing to do on a one-node Ray)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
+    others = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n["NodeID"] != here]
+    if not others:
+        return
+    task = ray.remote(num_cpus=0)(fn)
+    pinned = [NodeAffinitySchedulingStrategy(node, soft=False) for node in others]
+    ray.get([task.options(scheduling_strategy=where).remote(*args) for where in pinned])
+
+
+def preprocess_stage(
+    job: Job, storage: Storage, detail: DatasetDetail, checkpoints: Path, recipe: Recipe
+) -> PreprocessResult:
+    """The tensor cache on Ray Data, as its own `preprocess` job; cached samples are skipped."""
+    from hotstep_ray.preprocess.run import preprocess_dataset
+
+    with (
+        _sub_job(job, "preprocess", follow=False) as sub,
+        # first: importing ray.data (re)configures its loggers, which `_quiet` then adjusts
+        _data_context(max_tasks_in_flight_per_actor=recipe.encoder_tasks_in_flight),
+        _quiet("ray.data"),
+    ):
+        return preprocess_dataset(
+            storage,
+            detail.slug,
+            recipe.preprocess,
+            checkpoints,
+            "ray",
+            sub.events,
+            ray_config=recipe.pipeline,
+        )
+
+
+def train_dit_stage(
+    job: Job,
+    storage: Storage,
+    detail: DatasetDetail,
+    pre: PreprocessResult,
+    checkpoints: Path,
+    recipe: Recipe,
+    config: MainJobConfig,
+) -> TrainedAdapter:
+    """A new DiT adapter run on the tensor cache, as its own `train-dit` job."""
+    from hotstep_ray.training import dit
+
+    options = _with(recipe.dit, variant_key=pre.variant_key, adapter_name=detail.slug)
+    settings = dit.DitSettings(
+        checkpoints_dir=str(checkpoints),
+        artist=detail.slug,
+        step_event_interval_s=recipe.dit_step_event_s,
+        device=recipe.device,
+    )
+    with _sub_job(job, "train-dit", follow=config.ray_train) as sub:
+        sub.phase("train")
+        if config.ray_train:
+            from hotstep_ray.training.ray_dit import train_dit_on_ray
+
+            ray_result = train_dit_on_ray(
+                options,
+                storage,
+                detail.slug,
+                settings,
+                num_workers=1,
+                use_gpu=recipe.use_gpu,
+                max_failures=recipe.max_failures,
+                job_id=sub.id,  # rank 0 appends its events to the sub-job's events.jsonl
+            )
+            run_key, train_log = ray_result.run_key, ray_result.log
+        else:
+            with _torch_threads(recipe.torch_threads):
+                run = dit.setup(options, storage, detail.slug, settings, events=sub.events)
+                outcome = dit.train(run)
+            run_key, train_log = outcome.run_key, outcome.log
+    base = Path(str(train_log.get("config", {}).get("dit_path", ""))).name
+    return _trained("dit", sub.id, storage, run_key, train_log, options.adapter_type, base)
+
+
+def train_lm_stage(
+    job: Job,
+    storage: Storage,
+    detail: DatasetDetail,
+    pre: PreprocessResult,
+    checkpoints: Path,
+    recipe: Recipe,
+    config: MainJobConfig,
+) -> TrainedAdapter:
+    """A new LM adapter run on the cache's 5 Hz codes, as its own `train-lm` job. The trigger is
+    each song's tag as preprocessed (the dataset's `custom_tag`)."""
+    from hotstep_ray.cli.train_lm_cmd import find_codes
+    from hotstep_ray.training import lm
+
+    # Only the recipe's explicitly set fields (plus these two) count as given: with a warm start
+    # (`init_adapter`), the rest is adopted from the earlier run.
+    options = _with(recipe.lm, adapter_name=detail.slug, variant_key=pre.variant_key)
+    lm_dir = lm.resolve_lm_dir(checkpoints, options.lm_size, options.lm_model)
+    with _sub_job(job, "train-lm", follow=config.ray_train) as sub:
+        spec = lm.LmTrainSpec(
+            options=options,
+            lm_dir=str(lm_dir),
+            codes_key=find_codes(storage, detail.slug, pre.variant_key),
+            artist=detail.slug,
+            engine=recipe.lm_engine,
+            events_key=layout.job_events(sub.id) if config.ray_train else "",
+        )
+        sub.phase("train")
+        if config.ray_train:
+            from hotstep_ray.training.ray_lm import run_lm_on_ray
+
+            result = run_lm_on_ray(
+                spec,
+                storage,
+                num_workers=1,
+                use_gpu=recipe.use_gpu,
+                max_failures=recipe.max_failures,
+            )
+        else:
+            with _torch_threads(recipe.torch_threads):
+                result = lm.run_lm_training(spec, storage, events=sub.events)
+    return _trained(
+        "lm", sub.id, storage, result.run_key, result.log, options.adapter_type, lm_dir.name
+    )
+
+
+def audition_stage(
+    job: Job,
+    storage: Storage,
+    detail: DatasetDetail,
+    checkpoints: Path,
+    lm_run: TrainedAdapter,
+    recipe: Recipe,
+) -> AbReport:
+    """Serve the audition app on 127.0.0.1, A/B the base LM against the new adapter (same seed),
+    check that the base side equals a plain adapterless /lm call, and stop Serve."""
+    sample = next((s for s in detail.samples if s.caption and s.bpm), None)
+    metas: dict[str, Any] = {"timesignature": "4"}  # pinned metas: the LM plans no CoT
+    caption = "a short instrumental"
+    if sample is not None:
+        caption = sample.caption
+        beats = (sample.signature or "4").split("/")[0].strip()
+        metas.update(bpm=sample.bpm, timesignature=beats if beats in ("2", "3", "4", "6") else "4")
+        if sample.key:
+            metas["keyscale"] = sample.key
+    ab_body = {
+        "caption": caption,
+        "seed": AB_SEED,
+        "lm_adapter": lm_run.adapter_id,
+        **metas,
+        **recipe.ab,
+    }
+    with _audition_app(checkpoints, storage.url, lm_run.base_model, recipe.device) as (url, token):
+        job.events.log(f"audition app on {url} (bearer token: this run only)")
+        ab = _post(url, "/audition", ab_body, token)
+        base, tuned = ab["sides"]
+        for side in (base, tuned):
+            if not side["ok"]:
+                raise RuntimeError(f"A/B {side['slot']} side failed: {side['error']}")
+        # The same request without any adapter: the base side must be exactly this.
+        plain_body = {k: v for k, v in ab_body.items() if k not in ("seed", "lm_adapter")}
+        plain = _post(
+            url, "/lm", {**plain_body, "caption": ab["caption"], "lm_seed": AB_SEED}, token
+        )
+    report = AbReport(
+        preview_id=ab["previewId"],
+        preview_url=storage.url_of(layout.preview_dir(ab["previewId"])),
+        caption=ab["caption"],
+        seed=ab["seed"],
+        adapter_id=lm_run.adapter_id,
+        codes_count=base["codesCount"],
+        base_sha1=base["codesSha1"],
+        adapter_sha1=tuned["codesSha1"],
+        adapterless_sha1=plain["codesSha1"],
+    )
+    if not report.base_reproducible:
+        job.events.log(
+            f"A/B base codes {report.base_sha1[:10]} differ from an adapterless run with the same "
+            f"seed ({report.adapterless_sha1[:10]}): the base side is not reproducible",
+            "error",
+        )
+    return report
+
+
+def report_stage(storage: Storage, job_id: str, *runs: TrainedAdapter) -> str:
+    """`jobs/<id>/loss.png`: loss per step of each run (per epoch where no step events exist)."""
+    series = []
+    for run in runs:
+        points = run.step_losses or [(i + 1, v) for i, v in enumerate(run.epoch_losses)]
+        title = f"{run.kind} {run.adapter_type} loss, {len(run.epoch_losses)} epochs"
+        series.append(Series(title, points))
+    key = f"{layout.job_dir(job_id)}/{PLOT_FILE}"
+    storage.write_bytes(key, loss_plot(series))
+    return storage.url_of(key)
+
+
+# =============================================================================== helpers
+
+
+@dataclass
+class _Row:
+    summary: str = ""
+    artifact: str = ""
+    loss: str = ""
+
+    def note(self, summary: str, artifact: str = "", loss: str = "") -> None:
+        self.summary, self.artifact, self.loss = summary, artifact, loss
+
+
+@contextlib.contextmanager
+def _stage(job: Job, reports: list[StageReport], name: str) -> Iterator[_Row]:
+    """One stage: its phase, its time, one row for the final table and one log line. The phase
+    event carries `stage` (an extra key readers may ignore), so a display can tell the main job's
+    stages from the phases of the sub-jobs folded into the same stream."""
+    summary = job.summary
+    summary.done = summary.total = summary.failed = 0  # counters are per stage
+    job.events.emit(ProgressEvent(done=0, total=0, phase=name, stage=name))
+    row = _Row()
+    started = time.perf_counter()
+    yield row
+    seconds = time.perf_counter() - started
+    reports.append(StageReport(name, seconds, row.summary, row.loss, row.artifact))
+    job.events.log(f"{name}: {row.summary} ({seconds:.1f} s)")
+
+
+def _skip(job: Job, reports: list[StageReport], names: tuple[str, ...], flag: str) -> None:
+    for name in names:
+        reports.append(StageReport(name, 0.0, f"skipped ({flag})"))
+    job.events.log(f"skipped {', '.join(names)} ({flag})")
+
+
+def _with(options: Any, **fields: Any) -> Any:
+    """A copy of a contract with `fields` set, keeping which fields were given explicitly."""
+    return type(options)(**{**options.model_dump(exclude_unset=True), **fields})
+
+
+@contextlib.contextmanager
+def _sub_job(main: Job, kind: JobKind, *, follow: bool) -> Iterator[Job]:
+    """A stage's own job record, its events folded into `main` (minus its job/status events).
+    In process the sub-job forwards as it emits. With `follow`, a Ray Train worker appends to the
+    sub-job's events.jsonl from another process, so that file is followed instead (everything,
+    the driver's own events included, then reaches `main` once, in file order)."""
+    forward = child_sink(main.events)
+    dataset_id = main.summary.dataset_id
+    if not follow:
+        with Job(main.storage, kind, dataset_id=dataset_id, sinks=(forward,)) as sub:
+            yield sub
+        return
+    sub = Job(main.storage, kind, dataset_id=dataset_id)
+    every_s = 0.5 if main.storage.is_local else 2.0  # an object store reads the whole file
+    with _FollowJsonl(main.storage, layout.job_events(sub.id), forward, every_s), sub:
+        yield sub
+
+
+class _FollowJsonl:
+    """Emit each event appended to a JSONL key into `sink` while a block runs (polling; one last
+    read after the block, so nothing written before it ended is missed)."""
+
+    def __init__(self, storage: Storage, key: str, sink: EventSink, every_s: float = 0.5) -> None:
+        self.storage, self.key, self.sink, self.every_s = storage, key, sink, every_s
+        self._offset = 0  # characters of the file already forwarded (complete lines only)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"follow:{key}", daemon=True)
+
+    def _drain(self) -> None:
+        if not self.storage.exists(self.key):
+            return
+        text = self.storage.read_text(self.key)
+        end = text.rfind("\n") + 1  # a line still being written waits for the next read
+        for line in text[self._offset : end].splitlines():
+            try:
+                event = parse_line(line)
+            except ValueError:
+                continue
+            if event is not None:
+                self.sink(event)
+        self._offset = max(self._offset, end)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            with contextlib.suppress(OSError):  # a storage hiccup: the next tick retries
+                self._drain()
+
+    def __enter__(self) -> _FollowJsonl:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._drain()
+
+
+@contextlib.contextmanager
+def _quiet(logger: str, level: int = logging.ERROR) -> Iterator[None]:
+    """Raise a library logger's level for a block: Ray Data and Serve log every execution plan and
+    deployment at INFO (and a progress-bar notice at WARNING) into the job's terminal output."""
+    target = logging.getLogger(logger)
+    before = target.level
+    target.setLevel(level)
+    try:
+        yield
+    finally:
+        target.setLevel(before)
+
+
+@contextlib.contextmanager
+def _data_context(**settings: Any) -> Iterator[None]:
+    """Set Ray Data's driver-wide `DataContext` fields for a block (None values are left alone)."""
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    given = {name: value for name, value in settings.items() if value is not None}
+    before = {name: getattr(context, name) for name in given}
+    for name, value in given.items():
+        setattr(context, name, value)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            setattr(context, name, value)
+
+
+@contextlib.contextmanager
+def _torch_threads(count: int | None) -> Iterator[None]:
+    import torch
+
+    before = torch.get_num_threads()
+    if count:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _trained(
+    kind: str,
+    job_id: str,
+    storage: Storage,
+    run_key: str,
+    train_log: dict[str, Any],
+    adapter_type: str,
+    base_model: str,
+) -> TrainedAdapter:
+    """What a trainer left behind: per-epoch losses from its log, per-step ones from its events.
+    The DiT log counts its steps; the LM's are its planned steps per epoch times epochs run."""
+    metrics = [e for e in read_job_events(storage, job_id) if isinstance(e, MetricEvent)]
+    points = [
+        (int(e.step), float(e.loss))
+        for e in metrics
+        if e.metric == "step" and e.step is not None and e.loss is not None
+    ]
+    epoch_losses = [float(row["loss"]) for row in train_log.get("epochs", [])]
+    data = [e.model_extra or {} for e in metrics if e.metric == "data"]
+    per_epoch = int(data[-1].get("steps_per_epoch", 0)) if data else 0
+    return TrainedAdapter(
+        kind=kind,
+        job_id=job_id,
+        run_key=run_key,
+        url=storage.url_of(run_key),
+        adapter_type=adapter_type,
+        base_model=base_model,
+        epoch_losses=epoch_losses,
+        steps=int(train_log.get("steps") or per_epoch * len(epoch_losses)),
+        step_losses=points,
+        saved_reason=str(train_log.get("saved_reason", "")),
+    )
+
+
+def _label_summary(report: LabelReport) -> str:
+    if report.skipped:
+        return f"nothing to label ({report.skipped})"
+    cached = report.total - report.analysed
+    return f"{report.labeled} labeled, {report.failed} failed, {cached} from the analysis cache"
+
+
+def _train_summary(run: TrainedAdapter, where: str) -> str:
+    epochs = _plural(len(run.epoch_losses), "epoch")
+    return f"{run.adapter_type}, {epochs}, {_plural(run.steps, 'step')} ({where})"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _loss_change(run: TrainedAdapter) -> str:
+    losses = [v for v in run.epoch_losses if math.isfinite(v)]
+    return f"{losses[0]:.4g} → {losses[-1]:.4g}" if losses else "-"
+
+
+def _ab_summary(ab: AbReport) -> str:
+    same = "=" if ab.base_reproducible else "≠"
+    differs = "differs" if ab.adapter_differs else "same as base"
+    return (
+        f"{ab.codes_count} codes, seed {ab.seed}: base {ab.base_sha1[:8]} {same} adapterless, "
+        f"adapter {ab.adapter_sha1[:8]} ({differs})"
+    )
+
+
+# -- the audition app -----------------------------------------------------------------------------
+_REPO = Path(__file__).resolve().parents[1]  # serve_apps/ lives next to the package
+
+
+def _audition_module() -> Any:
+    if (_REPO / "serve_apps" / "audition_app.py").is_file() and str(_REPO) not in sys.path:
+        sys.path.insert(0, str(_REPO))
+    try:
+        from serve_apps import audition_app
+    except ImportError as exc:
+        raise InputError(
+            "serve_apps/audition_app.py not found: run from a source checkout"
+        ) from exc
+    return audition_app
+
+
+def _serve_running() -> bool:
+    import ray
+
+    try:
+        ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
+    except ValueError:
+        return False
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _audition_app(
+    checkpoints: Path, data: str, lm_folder: str, device: str | None
+) -> Iterator[tuple[str, str]]:
+    """(base URL, bearer token) of the audition app on a free loopback port; Serve stops after.
+    A fresh token per run: the app is never open, even on 127.0.0.1."""
+    from ray import serve
+
+    if _serve_running():
+        raise InputError(
+            "Ray Serve is already running on this cluster; the main job starts its own audition "
+            "app (pass --skip-audition, or stop Serve with `serve shutdown`)"
+        )
+    module = _audition_module()
+    token = secrets.token_urlsafe(24)
+    app_config = module.AuditionAppConfig(
+        checkpoints=str(checkpoints),
+        data=data,
+        device=device,
+        lm=lm_folder,
+        enable_dit=False,  # the A/B is the LM's; one replica less to start
+        replica_cpus=0,  # replicas never wait for CPUs held by finishing Ray Train actors
+        token=token,
+    )
+    port = _free_port()
+    with _quiet("ray.serve", logging.WARNING):
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            serve.run(module.build_app(app_config), name=AUDITION_APP, route_prefix="/")
+            yield f"http://127.0.0.1:{port}", token
+        finally:
+            serve.shutdown()
+
+
+def _post(base_url: str, path: str, body: dict[str, Any], token: str) -> dict[str, Any]:
+    request = urllib.request.Request(
+        base_url + path,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=600) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")[:500]
+        raise RuntimeError(f"audition {path}: HTTP {exc.code}: {detail}") from exc
