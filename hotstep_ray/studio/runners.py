@@ -99,7 +99,7 @@ def preprocess(ctx: StageContext, entry: Callable[..., Any]) -> Any:
 def train_lm(ctx: StageContext, entry: Callable[..., Any]) -> Any:
     """LM training as a Ray Train job. Its rank-0 worker appends events to a side file; a tail
     thread folds them into this job so the SSE stream shows the loss as it goes."""
-    from hotstep_ray.cli.train_lm_cmd import find_codes, meta_trigger
+    from hotstep_ray.cli.train_lm_cmd import find_codes
     from hotstep_ray.core import layout
     from hotstep_ray.training import lm
 
@@ -109,15 +109,15 @@ def train_lm(ctx: StageContext, entry: Callable[..., Any]) -> Any:
     given = {**options.model_dump(exclude_unset=True), "adapter_name": name}
     recipe = TrainLmOptions(**given)
     codes_key = find_codes(ctx.storage, ctx.slug, options.variant_key)
-    tag, position = meta_trigger(ctx.storage, codes_key)
     side_key = f"{layout.job_dir(ctx.job.id)}/train_events.jsonl"
     spec = lm.LmTrainSpec(
         options=recipe,
         lm_dir=str(lm.resolve_lm_dir(ctx.checkpoints_dir, recipe.lm_size, recipe.lm_model)),
         codes_key=codes_key,
         artist=name,
-        trigger=tag,
-        trigger_position=position,  # type: ignore[arg-type]
+        # "" = each song's own tag from lm_codes.jsonl (baked in at preprocessing), as the CLI does
+        trigger="",
+        trigger_position="prepend",
         events_key=side_key,
     )
     ctx.job.phase("train")
