@@ -20,14 +20,6 @@ def runs() -> dict:
     return {"lm": LM_RUN, "dit": DIT_RUN}
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="session")
 def tiny_tree(tmp_path_factory) -> Path:
     from hotstep_ray.models.tiny_tree import make_tiny_tree

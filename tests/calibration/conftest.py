@@ -11,14 +11,6 @@ import pytest
 import torch
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="session")
 def lm_tree(tmp_path_factory) -> Path:
     """A checkpoints folder holding only the tiny 0.6B LM (all the LM calibration loads)."""

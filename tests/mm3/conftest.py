@@ -6,17 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The MM3 tests run tiny models whose ops are far too small to split across threads; on a
-    busy 2-core box the second thread only adds spin-waiting (2x slower rollouts)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -76,15 +76,6 @@ class ToyTransformer(nn.Module):
         return self.proj_out(h)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These models are tiny; one intra-op thread avoids spin-wait stalls on a busy 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture
 def make_toy() -> Callable[[int], ToyTransformer]:
     """Deterministic toy model per seed (same seed = same base weights)."""
