@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException
 from hotstep_ray.core.errors import HotstepError, PathNotAllowedError, StorageError
 from hotstep_ray.core.events import JobEvent
 from hotstep_ray.core.storage import Storage, normalize_key
-from hotstep_ray.studio import capabilities, datasets_api, stages
+from hotstep_ray.studio import capabilities, datasets_api, page, previews_api, stages
 from hotstep_ray.studio.config import StudioConfig
 from hotstep_ray.studio.context import Studio
 from hotstep_ray.studio.errors import ConflictError, NotFoundError, status_of
@@ -50,6 +50,8 @@ def create_app(config: StudioConfig) -> FastAPI:
 
     def require_token(request: Request) -> None:
         path = request.url.path
+        if page.is_public(path):  # the page's own files hold no data; its API calls carry the token
+            return
         query = request.query_params.get("token") if path.endswith(("/events", "/stream")) else None
         if not token_matches(config.token, request.headers.get("authorization"), query):
             raise HTTPException(
@@ -69,6 +71,8 @@ def create_app(config: StudioConfig) -> FastAPI:
     _install_error_handlers(app)
     app.include_router(datasets_api.router(studio), prefix=API_PREFIX)
     app.include_router(_jobs_router(studio), prefix=API_PREFIX)
+    app.include_router(previews_api.router(studio), prefix=API_PREFIX)
+    app.include_router(page.router())
 
     @app.get("/api/health")
     def health() -> dict[str, Any]:

@@ -261,9 +261,16 @@ class JobManager:
 
     # -- queries ---------------------------------------------------------------------------------
     def active_job_for(self, dataset_id: str) -> str:
+        """The dataset's unfinished job ("" = none). A job whose status already reads terminal
+        frees its dataset at once, before the pump has released its runner: a client that polled
+        it to `done` may start the next stage straight away."""
         with self._lock:
             for job_id, active in self._jobs.items():
-                if active.meta.dataset_id == dataset_id and not active.ended:
+                if (
+                    active.meta.dataset_id == dataset_id
+                    and not active.ended
+                    and active.meta.status not in TERMINAL_JOB_STATUSES
+                ):
                     return job_id
         return ""
 

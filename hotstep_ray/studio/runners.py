@@ -16,7 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from hotstep_ray.core.contracts import TrainLmOptions
+from hotstep_ray.core import layout
+from hotstep_ray.core.contracts import TrainDitOptions, TrainLmOptions
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog, EventSink, parse_line
 from hotstep_ray.core.jobs import Job
@@ -100,7 +101,6 @@ def train_lm(ctx: StageContext, entry: Callable[..., Any]) -> Any:
     """LM training as a Ray Train job. Its rank-0 worker appends events to a side file; a tail
     thread folds them into this job so the SSE stream shows the loss as it goes."""
     from hotstep_ray.cli.train_lm_cmd import find_codes
-    from hotstep_ray.core import layout
     from hotstep_ray.training import lm
 
     _need_checkpoints(ctx)
@@ -125,6 +125,71 @@ def train_lm(ctx: StageContext, entry: Callable[..., Any]) -> Any:
         result = entry(spec, ctx.storage)
     ctx.job.phase("export")
     return {"runKey": result.run_key, "files": result.files, "log": result.log}
+
+
+# Per-step loss events at most this often (seconds); each epoch's last step is always sent, so
+# even a short run draws a loss curve on the page.
+DIT_STEP_EVENT_S = 1.0
+
+
+def train_dit(ctx: StageContext, entry: Callable[..., Any]) -> Any:
+    """DiT training as a Ray Train job (`training.ray_dit.train_dit_on_ray`), as the CLI's
+    `--ray` path runs it. Its rank-0 worker writes the events of a stage job of its own; a tail
+    thread folds them into this job (that job becomes a child: listed under this one)."""
+    from hotstep_ray.core.jobs import Job
+    from hotstep_ray.training import dit
+
+    _need_checkpoints(ctx)
+    options: Any = ctx.options
+    given = options.model_dump(exclude_unset=True)
+    given.setdefault("adapter_name", ctx.slug)
+    if not given.get("variant_key"):
+        given["variant_key"] = newest_variant(ctx.storage, ctx.slug)
+    recipe = TrainDitOptions(**given)
+    settings = dit.DitSettings(
+        checkpoints_dir=ctx.checkpoints_dir,
+        artist=recipe.adapter_name,
+        step_event_interval_s=DIT_STEP_EVENT_S,
+    )
+    stage_job = Job(ctx.storage, "train-dit", dataset_id=ctx.job.summary.dataset_id)
+    ctx.job.phase("train")
+    with _Tail(ctx.storage, layout.job_events(stage_job.id), ctx.events), stage_job:
+        result = entry(recipe, ctx.storage, ctx.slug, settings, job_id=stage_job.id)
+    ctx.job.phase("export")
+    log = result.log
+    return {
+        "runKey": result.run_key,
+        "adapterUrl": ctx.storage.url_of(result.run_key),
+        "variantKey": recipe.variant_key,
+        "vramGb": result.vram_gb,
+        "stopReason": log.get("stop_reason"),
+        "epochsRun": log.get("epochs_run"),
+        "bestMa5": log.get("best_loss"),
+    }
+
+
+def newest_variant(storage: Storage, slug: str) -> str:
+    """The dataset's most recently written tensor-cache variant (what train-dit trains on when
+    the request names none)."""
+    parent = layout.tensor_dir(slug, "x").rsplit("/", 1)[0]
+    folders = [key for key in storage.list(parent) if storage.is_dir(key)]
+    if not folders:
+        raise InputError(f"dataset {slug!r} has no tensor cache yet: run preprocess first")
+    return max(folders, key=storage.mtime_ns).rsplit("/", 1)[-1]
+
+
+def audition(ctx: StageContext, entry: Callable[..., Any]) -> Any:
+    """`studio.audition_job.audition_dataset`, with the job's phases."""
+    _need_checkpoints(ctx)
+    return entry(
+        ctx.storage,
+        ctx.slug,
+        ctx.options,
+        checkpoints_dir=ctx.checkpoints_dir,
+        events=ctx.events,
+        dataset_id=ctx.job.summary.dataset_id,
+        phase=ctx.job.phase,
+    )
 
 
 def dataset_entry(ctx: StageContext, entry: Callable[..., Any]) -> Any:

@@ -88,17 +88,16 @@ STAGES: dict[str, StageSpec] = {
         StageSpec(
             "train-dit",
             f"{_CONTRACTS}:TrainDitOptions",
-            (
-                "hotstep_ray.training.ray_dit:train_dit_dataset",
-                "hotstep_ray.training.dit:train_dit_dataset",
-            ),
+            ("hotstep_ray.training.ray_dit:train_dit_on_ray",),
+            f"{_RUNNERS}:train_dit",
             needs=("dit",),
         ),
         StageSpec(
             "audition",
-            "hotstep_ray.audition.schemas:AuditionRequest",
-            ("hotstep_ray.audition.job:audition_dataset",),
-            needs=("dit", "vae"),
+            "hotstep_ray.studio.audition_job:AuditionJobOptions",
+            ("hotstep_ray.studio.audition_job:audition_dataset",),
+            f"{_RUNNERS}:audition",
+            needs=("dit", "vae", "text_encoder"),
         ),
     )
 }

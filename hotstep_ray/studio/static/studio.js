@@ -1,0 +1,505 @@
+// The studio page: datasets, jobs with live progress, a loss chart, audition players.
+// Plain DOM, no framework and nothing fetched from outside this server. Every API call sends
+// the bearer token typed into the page (kept in this tab's sessionStorage, never in a URL);
+// job events are read as Server-Sent Events through fetch() so the token stays in a header.
+// Text from the server only ever reaches the page through textContent, never as markup.
+"use strict";
+
+const API = "/api/training";
+const TOKEN_KEY = "hotstep-token";
+const JOBS_POLL_MS = 2000;
+const LOG_LINES_KEPT = 400;
+const LOSS_METRICS = ["step", "epoch"]; // per-step points when there are any, else per epoch
+
+const state = {
+  token: sessionStorage.getItem(TOKEN_KEY) || "",
+  datasets: [],
+  detail: null, // the selected dataset (detail JSON)
+  jobs: [],
+  jobId: "", // the job shown in the job view
+  stream: null, // AbortController of the job's event stream
+  audioUrls: [], // blob: URLs to revoke when the players are replaced
+};
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, props = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(props)) {
+    if (name === "class") node.className = value;
+    else if (name === "text") node.textContent = value;
+    else if (name.startsWith("data-")) node.setAttribute(name, value);
+    else node[name] = value;
+  }
+  for (const child of children) node.append(child);
+  return node;
+}
+
+function headers(extra = {}) {
+  const out = { ...extra };
+  if (state.token) out.Authorization = `Bearer ${state.token}`;
+  return out;
+}
+
+class ApiError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+async function api(path, { method = "GET", body } = {}) {
+  const init = { method, headers: headers(body === undefined ? {} : { "Content-Type": "application/json" }) };
+  if (body !== undefined) init.body = JSON.stringify(body);
+  const response = await fetch(path, init);
+  const text = await response.text();
+  let data = null;
+  try {
+    data = text ? JSON.parse(text) : null;
+  } catch {
+    data = { error: text };
+  }
+  if (!response.ok) {
+    if (response.status === 401) needToken();
+    throw new ApiError(response.status, (data && data.error) || `HTTP ${response.status}`);
+  }
+  return data;
+}
+
+function notify(message, kind = "error") {
+  const box = $("notice");
+  box.textContent = message;
+  box.className = `notice ${kind}`;
+  box.hidden = !message;
+}
+
+function needToken() {
+  notify("This server needs a bearer token: type it in the Token field above.");
+  $("token").focus();
+}
+
+function pill(node, status) {
+  node.textContent = status;
+  node.className = `pill ${status}`;
+}
+
+function seconds(value) {
+  if (!value) return "";
+  const m = Math.floor(value / 60);
+  const s = Math.round(value % 60);
+  return m ? `${m}:${String(s).padStart(2, "0")}` : `${s} s`;
+}
+
+// -- health + token --------------------------------------------------------------------------
+async function checkHealth() {
+  try {
+    await api("/api/health");
+    pill($("health"), "ok");
+    $("health").textContent = "connected";
+    return true;
+  } catch (error) {
+    pill($("health"), "down");
+    $("health").textContent = error.status === 401 ? "token needed" : "unreachable";
+    return false;
+  }
+}
+
+$("token-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  state.token = $("token").value.trim();
+  if (state.token) sessionStorage.setItem(TOKEN_KEY, state.token);
+  else sessionStorage.removeItem(TOKEN_KEY);
+  $("token").value = "";
+  notify("");
+  if (await checkHealth()) await refreshAll();
+});
+
+// -- datasets --------------------------------------------------------------------------------
+async function refreshDatasets() {
+  const { datasets } = await api(`${API}/datasets`);
+  state.datasets = datasets;
+  const body = $("datasets").tBodies[0];
+  body.replaceChildren(
+    ...datasets.map((d) => {
+      const row = el(
+        "tr",
+        { class: "clickable", "data-slug": d.slug, title: d.sourceDir },
+        el("td", { text: d.name }),
+        el("td", { text: String(d.sampleCount) }),
+        el("td", { text: String(d.labeledCount) }),
+        el("td", {}, el("span", { class: `pill ${d.status}`, text: d.status })),
+      );
+      if (state.detail && state.detail.slug === d.slug) row.classList.add("selected");
+      row.addEventListener("click", () => showDataset(d.slug));
+      return row;
+    }),
+  );
+  $("datasets-empty").hidden = datasets.length > 0;
+}
+
+$("create-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const body = { sourceDir: $("create-source").value.trim() };
+  const name = $("create-name").value.trim();
+  const tag = $("create-tag").value.trim();
+  if (name) body.name = name;
+  if (tag) body.customTag = tag;
+  try {
+    const { dataset } = await api(`${API}/datasets`, { method: "POST", body });
+    $("create-form").reset();
+    notify(`Created ${dataset.name} (${dataset.samples.length} songs).`, "info");
+    await refreshDatasets();
+    await showDataset(dataset.slug);
+  } catch (error) {
+    notify(`Could not create the dataset: ${error.message}`);
+  }
+});
+
+async function showDataset(slug) {
+  const detail = await api(`${API}/datasets/${encodeURIComponent(slug)}`);
+  state.detail = detail;
+  $("detail-panel").hidden = false;
+  $("detail-title").textContent = detail.name;
+  const facts = [
+    ["Slug", detail.slug],
+    ["Source", detail.sourceDir],
+    ["Trigger", detail.customTag || "(none)"],
+    ["Songs", `${detail.sampleCount} (${detail.labeledCount} labeled, ${detail.excludedCount} excluded)`],
+    ["Status", detail.status],
+    ["Tensor caches", (detail.preprocessedVariants || []).join(", ") || "(none)"],
+  ];
+  $("detail-facts").replaceChildren(
+    ...facts.flatMap(([name, value]) => [el("dt", { text: name }), el("dd", { text: value })]),
+  );
+  $("detail-warnings").replaceChildren(
+    ...(detail.warnings || []).map((w) => el("li", { text: w })),
+  );
+  $("samples").tBodies[0].replaceChildren(
+    ...detail.samples.map((s) =>
+      el(
+        "tr",
+        { "data-sample": s.sampleId, title: s.relPath },
+        el("td", { text: s.filename }),
+        el("td", { text: seconds(s.duration) }),
+        el("td", { text: s.bpm ? String(s.bpm) : "" }),
+        el("td", { text: s.key || "" }),
+        el("td", { text: s.caption || "", title: s.caption || "" }),
+        el("td", { text: s.excluded ? "excluded" : s.labelStatus }),
+      ),
+    ),
+  );
+  for (const row of $("datasets").tBodies[0].rows) {
+    row.classList.toggle("selected", row.dataset.slug === slug);
+  }
+  await refreshPreviews();
+}
+
+// -- starting jobs ---------------------------------------------------------------------------
+for (const button of document.querySelectorAll(".buttons button")) {
+  button.addEventListener("click", () => startJob(button.dataset.kind));
+}
+
+async function startJob(kind) {
+  if (!state.detail) return;
+  let options;
+  try {
+    options = JSON.parse($("job-options").value || "{}");
+  } catch (error) {
+    notify(`Options are not valid JSON: ${error.message}`);
+    return;
+  }
+  try {
+    const url = `${API}/datasets/${encodeURIComponent(state.detail.slug)}/${kind}`;
+    const answer = await api(url, { method: "POST", body: options });
+    if (!answer.jobId) {
+      notify(`Nothing to do (${answer.skipped || "skipped"}).`, "info");
+      return;
+    }
+    notify(`Started ${kind} (job ${answer.jobId}).`, "info");
+    await refreshJobs();
+    selectJob(answer.jobId);
+  } catch (error) {
+    notify(`${kind}: ${error.message}`);
+  }
+}
+
+// -- jobs ------------------------------------------------------------------------------------
+function datasetName(id) {
+  const found = state.datasets.find((d) => d.id === id);
+  return found ? found.name : id;
+}
+
+function progressText(job) {
+  if (!job.total) return job.phase || "";
+  return `${job.done} / ${job.total}${job.phase ? ` ${job.phase}` : ""}`;
+}
+
+async function refreshJobs() {
+  const { jobs } = await api(`${API}/jobs`);
+  state.jobs = jobs;
+  $("jobs").tBodies[0].replaceChildren(
+    ...jobs.map((job) => {
+      const finished = job.status === "done" ? 1 : 0; // a stage without counters: full when done
+      const bar = el("progress", { max: job.total || 1, value: job.total ? job.done : finished });
+      const row = el(
+        "tr",
+        { class: "clickable", "data-job": job.id, "data-status": job.status },
+        el("td", { text: job.kind }),
+        el("td", { text: datasetName(job.datasetId) }),
+        el("td", {}, el("span", { class: `pill ${job.status}`, text: job.status })),
+        el("td", {}, bar, el("div", { class: "muted", text: progressText(job) })),
+      );
+      if (job.id === state.jobId) row.classList.add("selected");
+      row.addEventListener("click", () => selectJob(job.id));
+      return row;
+    }),
+  );
+  $("jobs-empty").hidden = jobs.length > 0;
+}
+
+function selectJob(jobId) {
+  if (state.stream) state.stream.abort();
+  state.jobId = jobId;
+  for (const row of $("jobs").tBodies[0].rows) {
+    row.classList.toggle("selected", row.dataset.job === jobId);
+  }
+  const view = {
+    job: state.jobs.find((j) => j.id === jobId) || { id: jobId, kind: "", status: "queued" },
+    loss: {}, // metric kind -> [[step, loss], ...]
+    ended: false,
+  };
+  $("job-view").hidden = false;
+  $("job-log").replaceChildren();
+  $("job-players").replaceChildren();
+  $("loss-figure").hidden = true;
+  $("loss-chart").replaceChildren();
+  renderJob(view);
+  const controller = new AbortController();
+  state.stream = controller;
+  readEvents(jobId, controller.signal, (event) => onEvent(view, event))
+    .catch((error) => {
+      if (error.name !== "AbortError") log(`event stream: ${error.message}`, "error");
+    })
+    .finally(() => {
+      if (state.jobId === jobId && !controller.signal.aborted) refreshJobs().catch(() => {});
+    });
+}
+
+// SSE over fetch: `data: <json>` frames separated by blank lines (the server's framing).
+async function readEvents(jobId, signal, onFrame) {
+  const response = await fetch(`${API}/jobs/${encodeURIComponent(jobId)}/events`, {
+    headers: headers({ Accept: "text/event-stream" }),
+    signal,
+  });
+  if (!response.ok) throw new ApiError(response.status, `HTTP ${response.status}`);
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const frame = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const data = frame
+        .split("\n")
+        .filter((line) => line.startsWith("data:"))
+        .map((line) => line.slice(5).trimStart())
+        .join("\n");
+      if (data) onFrame(JSON.parse(data));
+    }
+  }
+}
+
+function onEvent(view, event) {
+  switch (event.type) {
+    case "job":
+      view.job = event.job;
+      break;
+    case "progress":
+      Object.assign(view.job, { done: event.done, total: event.total, failed: event.failed });
+      if (event.phase) view.job.phase = event.phase;
+      break;
+    case "log":
+      log(event.message, event.level);
+      break;
+    case "sample":
+      if (event.status === "failed") log(`${event.sampleId}: ${event.error}`, "error");
+      break;
+    case "metric":
+      if (LOSS_METRICS.includes(event.metric) && typeof event.loss === "number") {
+        const points = (view.loss[event.metric] ||= []);
+        points.push([event.step ?? points.length + 1, event.loss]);
+        drawLoss(view);
+      }
+      break;
+    case "status":
+      view.job.status = event.status;
+      view.job.error = event.error;
+      view.ended = true;
+      if (event.error) log(event.error, "error");
+      onJobEnd(view);
+      break;
+    default:
+      break;
+  }
+  renderJob(view);
+}
+
+function renderJob(view) {
+  const job = view.job;
+  $("job-title").textContent = `${job.kind || "job"} ${job.id}`;
+  pill($("job-status"), job.status);
+  $("job-phase").textContent = job.phase ? `phase: ${job.phase}` : "";
+  const bar = $("job-progress");
+  bar.max = job.total || 1;
+  bar.value = job.total ? job.done : job.status === "done" ? 1 : 0;
+  $("job-progress-text").textContent = progressText(job);
+  $("job-cancel").disabled = view.ended || ["done", "failed", "cancelled"].includes(job.status);
+}
+
+function log(message, level = "info") {
+  const list = $("job-log");
+  list.append(el("li", { class: level, text: message }));
+  while (list.childElementCount > LOG_LINES_KEPT) list.firstElementChild.remove();
+  list.scrollTop = list.scrollHeight;
+}
+
+$("job-cancel").addEventListener("click", async () => {
+  if (!state.jobId) return;
+  try {
+    await api(`${API}/jobs/${encodeURIComponent(state.jobId)}/cancel`, { method: "POST" });
+  } catch (error) {
+    notify(`cancel: ${error.message}`);
+  }
+});
+
+async function onJobEnd(view) {
+  await refreshJobs().catch(() => {});
+  if (state.detail && view.job.datasetId === state.detail.id) {
+    await showDataset(state.detail.slug).catch(() => {});
+  }
+  await refreshDatasets().catch(() => {});
+  if (view.job.kind === "audition" && view.job.status === "done" && state.jobId === view.job.id) {
+    try {
+      const preview = await api(`${API}/jobs/${encodeURIComponent(view.job.id)}/result`);
+      $("job-players").replaceChildren(previewBox(preview));
+    } catch (error) {
+      log(`result: ${error.message}`, "error");
+    }
+  }
+}
+
+// -- loss chart (SVG) ------------------------------------------------------------------------
+const CHART = { width: 480, height: 200, left: 44, right: 10, top: 10, bottom: 26 };
+
+function svg(tag, attrs = {}, text = "") {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [name, value] of Object.entries(attrs)) node.setAttribute(name, String(value));
+  if (text) node.textContent = text;
+  return node;
+}
+
+function drawLoss(view) {
+  const kind = LOSS_METRICS.find((k) => (view.loss[k] || []).length);
+  if (!kind) return;
+  const points = view.loss[kind];
+  const chart = $("loss-chart");
+  const { width, height, left, right, top, bottom } = CHART;
+  const xs = points.map((p) => p[0]);
+  const ys = points.map((p) => p[1]);
+  const [x0, x1] = [Math.min(...xs), Math.max(...xs)];
+  let [y0, y1] = [Math.min(...ys), Math.max(...ys)];
+  if (y1 - y0 < 1e-9) [y0, y1] = [y0 - 0.5, y1 + 0.5];
+  const sx = (x) => left + (x1 === x0 ? 0.5 : (x - x0) / (x1 - x0)) * (width - left - right);
+  const sy = (y) => top + (1 - (y - y0) / (y1 - y0)) * (height - top - bottom);
+  const nodes = [];
+  for (let i = 0; i <= 4; i++) {
+    const y = y0 + ((y1 - y0) * i) / 4;
+    nodes.push(svg("line", { class: "grid", x1: left, x2: width - right, y1: sy(y), y2: sy(y) }));
+    nodes.push(svg("text", { x: left - 4, y: sy(y) + 3, "text-anchor": "end" }, y.toPrecision(3)));
+  }
+  nodes.push(svg("line", { class: "axis", x1: left, x2: left, y1: top, y2: height - bottom }));
+  nodes.push(
+    svg("line", { class: "axis", x1: left, x2: width - right, y1: height - bottom, y2: height - bottom }),
+  );
+  nodes.push(svg("text", { x: left, y: height - 8 }, String(x0)));
+  nodes.push(svg("text", { x: width - right, y: height - 8, "text-anchor": "end" }, String(x1)));
+  nodes.push(svg("text", { x: (width + left) / 2, y: height - 8, "text-anchor": "middle" }, kind === "step" ? "optimizer step" : "epoch end (step)"));
+  const path = points.map(([x, y]) => `${sx(x).toFixed(1)},${sy(y).toFixed(1)}`).join(" ");
+  nodes.push(svg("polyline", { class: "line", points: path }));
+  for (const [x, y] of points) {
+    const dot = svg("circle", { class: "point", cx: sx(x).toFixed(1), cy: sy(y).toFixed(1), r: 2.5 });
+    dot.append(svg("title", {}, `step ${x}: loss ${y.toFixed(4)}`));
+    nodes.push(dot);
+  }
+  chart.replaceChildren(...nodes);
+  chart.dataset.points = String(points.length);
+  chart.dataset.metric = kind;
+  const last = points[points.length - 1];
+  $("loss-caption").textContent = `loss per ${kind}: ${points.length} points, last ${last[1].toFixed(4)} at step ${last[0]}`;
+  $("loss-figure").hidden = false;
+}
+
+// -- previews (audio players) ----------------------------------------------------------------
+async function refreshPreviews() {
+  if (!state.detail) return;
+  const { previews } = await api(`${API}/previews?datasetId=${encodeURIComponent(state.detail.id)}`);
+  for (const url of state.audioUrls.splice(0)) URL.revokeObjectURL(url);
+  $("previews").replaceChildren(...previews.map(previewBox));
+  $("previews-empty").hidden = previews.length > 0;
+}
+
+function previewBox(preview) {
+  const when = new Date(preview.createdAt).toLocaleString();
+  const box = el(
+    "div",
+    { class: "preview", "data-preview": preview.previewId },
+    el("div", { class: "caption", text: `${when} · seed ${preview.seed} · ${preview.caption}` }),
+  );
+  for (const side of preview.sides) {
+    const row = el("div", { class: "side" }, el("span", { text: side.slot }));
+    if (side.ok && side.audioUrl) {
+      const player = el("audio", { controls: true, preload: "none", "data-slot": side.slot });
+      row.append(player);
+      loadAudio(player, side.audioUrl);
+    } else {
+      row.append(el("em", { class: "muted", text: side.error || "failed" }));
+    }
+    box.append(row);
+  }
+  return box;
+}
+
+// <audio src> cannot send a header: fetch the bytes with the token and play a blob URL.
+async function loadAudio(player, url) {
+  try {
+    const response = await fetch(url, { headers: headers() });
+    if (!response.ok) throw new ApiError(response.status, `HTTP ${response.status}`);
+    const blobUrl = URL.createObjectURL(await response.blob());
+    state.audioUrls.push(blobUrl);
+    player.src = blobUrl;
+    player.dataset.loaded = "1";
+  } catch (error) {
+    player.replaceWith(el("em", { class: "muted", text: `audio: ${error.message}` }));
+  }
+}
+
+// -- start -----------------------------------------------------------------------------------
+async function refreshAll() {
+  await refreshDatasets();
+  await refreshJobs();
+}
+
+async function start() {
+  if (await checkHealth()) {
+    await refreshAll().catch((error) => notify(error.message));
+  }
+  setInterval(() => {
+    if ($("health").textContent === "connected") refreshJobs().catch(() => {});
+  }, JOBS_POLL_MS);
+  document.body.dataset.ready = "1";
+}
+
+start();
