@@ -2,6 +2,7 @@
 
     hotstep-ray mm3 preprocess SLUG --checkpoints DIR [--mode sampled|aligned] [--seed 42]
     hotstep-ray mm3 train-dit SLUG --checkpoints DIR [--steps 200 --lr 1e-4 --rank 32 ...]
+                                   [--ray [--ray-address A] [--vram-gb N] [--max-failures 2]]
     hotstep-ray mm3 tone-check --checkpoints DIR          (trap 14: 440 Hz in = 440 Hz out)
     hotstep-ray mm3 make-tiny DIR                          (a tiny MM3 in the real layout)
 
@@ -11,6 +12,7 @@ weights are needed. Options map 1:1 onto `Mm3PreprocessOptions` / `Mm3TrainOptio
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -116,9 +118,19 @@ def train_dit(
     sign_check: bool = typer.Option(False, help="Refuse to train if the sign check fails."),
     trigger: str = typer.Option(""),
     resume: str = typer.Option("", help="Storage key of a checkpoint/ folder to continue."),
+    use_ray: bool | None = typer.Option(
+        None, "--ray/--no-ray", help="Train on Ray Train (default: when a cluster address is set)."
+    ),
+    ray_address: str = typer.Option("", help="Ray cluster to join (default $RAY_ADDRESS)."),
+    vram_gb: float | None = typer.Option(
+        None, help="Ray: GPU memory to request per worker (default: predicted, see mm3/vram.py)."
+    ),
+    vram_reserve_mb: int = typer.Option(2048, help="Ray: allocator slack added to the request."),
+    max_failures: int = typer.Option(2, help="Ray: worker failures to recover from."),
     as_json: bool = typer.Option(False, "--json", help="Print the written paths as JSON."),
 ) -> None:
     """Train a LoRA on the MM3 DiT; export ComfyUI-format files with the q,k/proj filter."""
+    from hotstep_ray.core.jobs import Job
     from hotstep_ray.core.storage import Storage
     from hotstep_ray.mm3.train import Mm3TrainOptions, run_train_dit
 
@@ -147,9 +159,33 @@ def train_dit(
         sign_check=sign_check,
         trigger=trigger,
         resume=resume,
+        vram_reserve_mb=vram_reserve_mb,
     )
     storage = Storage(data)
-    paths = run_train_dit(storage, slug, checkpoints, options, sinks=(_sink,))
+    if use_ray is None:
+        use_ray = bool(ray_address or os.environ.get("RAY_ADDRESS"))
+    if use_ray:
+        from hotstep_ray.distributed.runtime import ensure_ray
+        from hotstep_ray.mm3.ray_train import train_mm3_on_ray
+
+        if resume:
+            raise typer.BadParameter("--resume is for local runs; Ray resumes by itself")
+        ensure_ray(ray_address or None)
+        with Job(storage, "train-dit", dataset_id=slug, sinks=(_sink,)) as job:
+            job.phase("train")
+            result = train_mm3_on_ray(
+                options,
+                storage,
+                slug,
+                checkpoints,
+                vram_gb=vram_gb,
+                max_failures=max_failures,
+                job_id=job.id,
+            )
+            job.events.log(f"Ray run {result.run_name}: {result.vram_gb:g} GB per worker")
+        paths = result.paths
+    else:
+        paths = run_train_dit(storage, slug, checkpoints, options, sinks=(_sink,))
     if as_json:
         print_json({k: storage.url_of(v) for k, v in paths.items()})
     else:

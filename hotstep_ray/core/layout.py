@@ -7,6 +7,7 @@
     adapters/lm-06b|lm-17b|lm-4b/<artist>/<run>/   5 Hz LM adapters, by base size
     adapters/dit-<shorthand>/<artist>/<run>/       DiT adapters, by base model
     adapters/mm3-lm-adapters/<run>/                MM3 LM adapters
+    adapters/mm3-dit/<artist>/<run>/               MM3 (MiniMax-Music3) DiT LoRAs
     jobs/<job_id>/job.json, jobs/<job_id>/events.jsonl
     previews/<preview_id>/
 
@@ -27,6 +28,8 @@ from hotstep_ray.core.storage import Storage
 ADAPTER_WEIGHT_FILES = ("adapter_model.safetensors", "lokr_weights.safetensors")
 LM_SIZE_FOLDERS = {"0.6B": "lm-06b", "1.7B": "lm-17b", "4B": "lm-4b"}
 MM3_LM_FOLDER = "mm3-lm-adapters"
+MM3_DIT_FOLDER = "mm3-dit"  # one MM3 DiT release, so no per-base shorthand
+MM3_DIT_WEIGHTS = "mm3_lora.safetensors"  # the filtered ComfyUI-format file of an MM3 run
 RUN_STAMP_FORMAT = "%Y-%m-%d_%H-%M-%S"
 _RUN_STAMP_RE = re.compile(r"^\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}(-[0-9a-z]+)?$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -199,3 +202,21 @@ def resolve_adapter(storage: Storage, base: str, artist: str) -> str | None:
 
 def is_run_stamp(name: str) -> bool:
     return bool(_RUN_STAMP_RE.match(name))
+
+
+# -- MM3 DiT adapters ----------------------------------------------------------------------------
+def mm3_dit_adapter_base() -> str:
+    """`adapters/mm3-dit`: MM3 runs live in `<base>/<artist>/<run>/` beside, never inside, the
+    ACE `dit-<shorthand>` folders, so no ACE reader ever picks an MM3 file up."""
+    return f"adapters/{MM3_DIT_FOLDER}"
+
+
+def latest_mm3_dit_run(storage: Storage, artist: str) -> str | None:
+    """The name-last run folder of `artist` that holds `mm3_lora.safetensors`, or None."""
+    artist_dir = f"{mm3_dit_adapter_base()}/{check_name(artist, 'artist')}"
+    runs = [
+        key
+        for key in storage.list(artist_dir)
+        if not key.rsplit("/", 1)[-1].startswith(".") and storage.exists(f"{key}/{MM3_DIT_WEIGHTS}")
+    ]
+    return max(runs, key=lambda k: k.rsplit("/", 1)[-1]) if runs else None

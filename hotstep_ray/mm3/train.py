@@ -12,18 +12,22 @@ Recipe (HOT-Step `mm3-train-dit` defaults, shared/reference/hotstep.md §7.5; mm
   x0 - noise, plain MSE (seed trap 1); every draw from a seeded CPU generator (seed trap 8).
 - ||dW||/||W|| per group every `delta_every` steps and at the end, warning above 5 % (trap 16).
 
-Outputs, in `adapters/dit-mm3/<artist>/<run stamp>/`:
+Outputs, in `adapters/mm3-dit/<artist>/<run stamp>/` (`core.layout.mm3_dit_adapter_base`):
     mm3_lora.safetensors             ComfyUI keys, q,k zeroed + proj_in/out dropped (trap 18)
     mm3_lora_unfiltered.safetensors  every trained group (ablations)
     mm3_lora_step<N>.safetensors     filtered snapshots (`export_every`)
     checkpoint/                      resumable adapter + optimizer (`training.checkpoint`)
     train_report.json                options, songs, losses, crop statistics, delta gate
+
+`ray_train.py` runs this same recipe in a Ray Train worker (VRAM-aware placement, checkpoints
+through `ray.train.report`, resume after a lost worker) through `Mm3Run.checkpoint_hook`.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -56,7 +60,7 @@ from hotstep_ray.training.export import TriggerPosition
 from hotstep_ray.training.optim import build_optimizer
 from hotstep_ray.training.schedule import LrSchedule
 
-ADAPTER_BASE = layout.dit_adapter_base("mm3")  # adapters/dit-mm3
+ADAPTER_BASE = layout.mm3_dit_adapter_base()  # adapters/mm3-dit
 EVAL_BANDS = ((0.0, 0.33), (0.33, 0.67), (0.67, 1.0))  # sigma bands of the eval report
 
 
@@ -89,6 +93,7 @@ class Mm3TrainOptions(Options):
     trigger: str = ""
     trigger_position: TriggerPosition = "prepend"
     resume: str = ""  # storage key of a `checkpoint/` folder to continue
+    vram_reserve_mb: int = Field(default=2048, ge=0)  # Ray request: allocator slack on top
 
     @property
     def warmup(self) -> int:
@@ -114,6 +119,9 @@ class Mm3Run:
     gates: list[dict[str, Any]] = field(default_factory=list)
     evals: list[dict[str, Any]] = field(default_factory=list)
     sign: dict[str, float] | None = None
+    resumes: list[int] = field(default_factory=list)  # steps this run continued from
+    # Called at every `save_every` step instead of writing `checkpoint/` (Ray reports it).
+    checkpoint_hook: Callable[[Mm3Run, int], None] | None = None
 
 
 # -- setup ----------------------------------------------------------------------------------------
@@ -124,8 +132,10 @@ def setup(
     options: Mm3TrainOptions,
     events: EventLog | None = None,
     transformer: torch.nn.Module | None = None,
+    out_dir: str | None = None,
 ) -> Mm3Run:
-    """Load the cache and the DiT, inject the LoRA, build optimizer and schedule (and resume)."""
+    """Load the cache and the DiT, inject the LoRA, build optimizer and schedule (and resume).
+    `out_dir` fixes the run folder (Ray: one folder for every attempt); default a new stamp."""
     events = events or EventLog()
     songs = load_songs(storage, layout.tensor_dir(slug, options.variant_key))
     usable = [s for s in songs if has_valid_crop(s, options.crop_latents)]
@@ -168,7 +178,7 @@ def setup(
     run = Mm3Run(
         options=options,
         storage=storage,
-        out_dir=layout.new_run_dir(storage, ADAPTER_BASE, artist),
+        out_dir=out_dir or layout.new_run_dir(storage, ADAPTER_BASE, artist),
         transformer=transformer,
         songs=usable,
         optimizer=optimizer,
@@ -179,18 +189,26 @@ def setup(
         events=events,
     )
     if options.resume:
-        state = load_checkpoint(
-            storage, options.resume, model=transformer, optimizer=optimizer, fingerprint=fingerprint
-        )
-        run.start_step = state.step
-        run.losses = list((state.extra or {}).get("losses", []))
-        events.log(f"resumed from {options.resume} at step {state.step}")
+        restore(run, storage, options.resume)
     trainable = sum(p.numel() for _, p in adapters.trainable_parameters(transformer))
     events.log(
         f"mm3 train-dit: {len(usable)} songs, LoRA r{options.rank}/a{options.alpha:g} "
         f"({trainable / 1e6:.1f} M params), {options.steps} steps, crop {options.crop_latents}"
     )
     return run
+
+
+def restore(run: Mm3Run, storage: Storage, key: str) -> None:
+    """Continue from the checkpoint folder `key` of `storage`: adapter, optimizer, step, losses.
+    Every draw is seeded by its step (`flow.generator`), so the rest of the run is the one an
+    uninterrupted run would have made."""
+    state = load_checkpoint(
+        storage, key, model=run.transformer, optimizer=run.optimizer, fingerprint=run.fingerprint
+    )
+    run.start_step = state.step
+    run.losses = list((state.extra or {}).get("losses", []))
+    run.resumes.append(state.step)
+    run.events.log(f"resumed from {storage.url_of(key)} at step {state.step}")
 
 
 # -- batches --------------------------------------------------------------------------------------
@@ -324,7 +342,10 @@ def train(run: Mm3Run) -> DeltaGate:
                 run.transformer, run.storage, f"{run.out_dir}/mm3_lora_step{done}.safetensors"
             )
         if opts.save_every and done % opts.save_every == 0 and done < opts.steps:
-            save_state(run, done)
+            if run.checkpoint_hook is not None:
+                run.checkpoint_hook(run, done)
+            else:
+                save_state(run, done)
     return check_delta(run, opts.steps)
 
 
@@ -346,10 +367,13 @@ def sign_check_run(run: Mm3Run) -> dict[str, float]:
 
 
 # -- save -----------------------------------------------------------------------------------------
-def save_state(run: Mm3Run, step: int) -> str:
+def save_state(
+    run: Mm3Run, step: int, storage: Storage | None = None, key: str | None = None
+) -> str:
+    """Write the resumable checkpoint (default: `<run>/checkpoint/` in the run's storage)."""
     return save_checkpoint(
-        run.storage,
-        f"{run.out_dir}/checkpoint",
+        storage or run.storage,
+        f"{run.out_dir}/checkpoint" if key is None else key,
         model=run.transformer,
         optimizer=run.optimizer,
         step=step,
@@ -385,6 +409,7 @@ def save(run: Mm3Run, gate: DeltaGate) -> dict[str, str]:
         "evals": run.evals,
         "delta": gate.to_dict(),
         "delta_history": run.gates,
+        "resumed_from": run.resumes,
     }
     out["report"] = f"{run.out_dir}/train_report.json"
     run.storage.write_json(out["report"], report)

@@ -6,6 +6,12 @@ Layout (the official downloader's):
   Qwen3-Embedding-0.6B/                      config.json, model.safetensors, tokenizer files
   acestep-5Hz-lm-{0.6B,1.7B,4B}/             config.json, model*.safetensors (maybe sharded)
 plus diffusers-format pipeline folders (transformer/, condition_encoder/, ... , vae/, text_encoder/).
+
+MM3 guard: a MiniMax-Music3 folder (its `modular_model_index.json`, or a transformer/config.json
+naming `MiniMaxMusic3Transformer1DModel`) also has `transformer/config.json`, so it is checked
+FIRST and reported as kind `mm3`, never as an ACE DiT; the `mm3/` folder (`mm3/<name>/`, where
+`hotstep_ray.mm3.checkpoint` looks) is scanned one level down. No ACE stage needs kind `mm3`, so
+an MM3-only install lists its MM3 folder and the ACE stages as missing, without raising.
 """
 
 from __future__ import annotations
@@ -279,8 +285,44 @@ def _lm(folder: Path, config: dict[str, Any]) -> ComponentInfo:
     return info
 
 
+MM3_SUBDIR = "mm3"
+_MM3_INDEX = "modular_model_index.json"
+_MM3_DIT_CLASS = "MiniMaxMusic3Transformer1DModel"
+
+
+def is_mm3_folder(folder: Path) -> bool:
+    """A MiniMax-Music3 diffusers folder (the same test as `mm3.checkpoint.is_mm3_folder`,
+    without importing torch)."""
+    index = _read_json(folder / _MM3_INDEX) or {}
+    if "MiniMaxMusic3" in str(index.get("_class_name", "")):
+        return True
+    config = _read_json(folder / "transformer" / "config.json") or {}
+    return config.get("_class_name") == _MM3_DIT_CLASS
+
+
+def _mm3(folder: Path, name: str) -> ComponentInfo:
+    """Kind `mm3`: usable when the DiT's weights are complete (what train-dit needs; the other
+    parts are checked by `mm3.checkpoint.Mm3Paths.require` per stage)."""
+    info = ComponentInfo(name=name, path=str(folder), kind="mm3", format="diffusers")
+    config = _read_json(folder / "transformer" / "config.json") or {}
+    if config.get("_class_name") != _MM3_DIT_CLASS:
+        info.problems.append(f"transformer/config.json does not name {_MM3_DIT_CLASS}")
+    files, problems = weight_files(folder / "transformer", "diffusion_pytorch_model")
+    info.problems += [f"transformer: {problem}" for problem in problems]
+    _check_weights(info, files, adapters=True)
+    return info
+
+
 def _classify(folder: Path) -> list[ComponentInfo]:
     name = folder.name
+    if is_mm3_folder(folder):  # before the ACE diffusers test: MM3 has transformer/ too
+        return [_mm3(folder, name)]
+    if name == MM3_SUBDIR:
+        return [
+            _mm3(sub, f"{name}/{sub.name}")
+            for sub in sorted(p for p in folder.iterdir() if p.is_dir())
+            if is_mm3_folder(sub)
+        ]
     if (folder / "transformer" / "config.json").is_file():
         return _diffusers_pipeline(folder)
     if list(folder.glob("*.gguf")) and not list(folder.glob("*.safetensors")):

@@ -79,3 +79,20 @@ def test_legacy_forms_are_read(tmp_path):
     _weights(storage, "adapters/rootdit")  # DiT adapter at the adapters root
     assert layout.resolve_adapter(storage, "adapters/dit-xl-turbo", "rootdit") == "adapters/rootdit"
     assert layout.resolve_adapter(storage, "adapters/dit-xl-turbo", "nobody") is None
+
+
+def test_mm3_dit_adapters_have_their_own_folder_and_newest_run(tmp_path):
+    storage = Storage(tmp_path)
+    assert layout.mm3_dit_adapter_base() == "adapters/mm3-dit"
+    assert layout.dit_adapter_base("mm3") != layout.mm3_dit_adapter_base()  # never an ACE folder
+    assert layout.latest_mm3_dit_run(storage, "band") is None
+    old = layout.new_run_dir(storage, layout.mm3_dit_adapter_base(), "band", now=1e9)
+    new = layout.new_run_dir(storage, layout.mm3_dit_adapter_base(), "band", now=2e9)
+    empty = layout.new_run_dir(storage, layout.mm3_dit_adapter_base(), "band", now=3e9)
+    for run in (old, new):
+        storage.write_bytes(f"{run}/{layout.MM3_DIT_WEIGHTS}", b"x")
+    storage.write_bytes(f"{empty}/train_report.json", b"{}")  # a run without weights
+    assert new.startswith("adapters/mm3-dit/band/")
+    assert layout.latest_mm3_dit_run(storage, "band") == new
+    with pytest.raises(InputError):
+        layout.latest_mm3_dit_run(storage, "../x")

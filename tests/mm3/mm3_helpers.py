@@ -43,3 +43,22 @@ def write_cache(
         entries.append({"sample_id": stem, "stem": stem, "file": f"{stem}.safetensors", "ok": True})
     storage.write_json(f"{tensor_dir}/{MANIFEST}", {"samples": entries})
     return tensor_dir
+
+
+def write_lora(storage: Storage, checkpoints, artist: str = "band", rank: int = 4) -> str:
+    """A random, clearly non-zero MM3 LoRA on the tiny DiT, exported in the ComfyUI form to a run
+    folder `adapters/mm3-dit/<artist>/<stamp>/`; returns the run folder key."""
+    from hotstep_ray.mm3 import checkpoint as ckpt
+    from hotstep_ray.mm3.export import MM3_TARGETS, export_comfy
+    from hotstep_ray.training import adapters
+
+    model = ckpt.load_transformer(ckpt.Mm3Paths.find(checkpoints), torch.float32)
+    spec = adapters.AdapterSpec(kind="lora", rank=rank, alpha=rank, targets=MM3_TARGETS)
+    adapters.inject(model, spec)
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for _, param in adapters.trainable_parameters(model):
+            param.copy_(0.2 * torch.randn(param.shape, generator=gen))
+    run = layout.new_run_dir(storage, layout.mm3_dit_adapter_base(), artist)
+    export_comfy(model, storage, f"{run}/{layout.MM3_DIT_WEIGHTS}")
+    return run

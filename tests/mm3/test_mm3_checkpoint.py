@@ -45,10 +45,10 @@ def test_tiny_model_in_the_real_layout_loads(mm3_checkpoints):
 
 
 def test_mm3_only_install_needs_no_ace_folders(mm3_checkpoints):
-    # The checkpoints folder holds only mm3/: the ACE scan finds nothing and does not fail,
+    # The checkpoints folder holds only mm3/: discovery lists it as MM3 and does not fail,
     # and every MM3 stage's parts are present.
     assert [p.name for p in mm3_checkpoints.iterdir()] == ["mm3"]
-    assert discover(mm3_checkpoints) == []
+    assert [c.kind for c in discover(mm3_checkpoints)] == ["mm3"]  # never an ACE kind
     paths = ckpt.Mm3Paths.find(mm3_checkpoints)
     for stage in ckpt.STAGE_PARTS:
         paths.require(stage)

@@ -79,7 +79,7 @@ def test_train_dit_cli_writes_the_comfy_lora(cached, mm3_checkpoints):
     assert result.exit_code == 0, result.output
     paths = json.loads(result.output[result.output.index("{") :])
     run_dir = paths["lora"].rsplit("/", 1)[0]
-    assert "/adapters/dit-mm3/" in run_dir
+    assert "/adapters/mm3-dit/" in run_dir
     out = Storage(run_dir)
     tensors = load_bytes(out.read_bytes("mm3_lora.safetensors"))
     assert all(k.startswith(COMFY_PREFIX) for k in tensors)
