@@ -76,14 +76,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--models", default="2b,xl", help="2b,xl")
     parser.add_argument("--adapters", default="lora64,lokr512", help=",".join(ADAPTERS))
     parser.add_argument("--crops", default="750,1500,3000,6000", help="frames (25 Hz)")
-    parser.add_argument("--batches", default="1,best", help="1 and/or best")
+    parser.add_argument(
+        "--batches", default="1,best", help="explicit sizes and/or best, e.g. 1,4 or 1,best"
+    )
     parser.add_argument("--ckpt", default="off", choices=("off", "auto", "all"))
     parser.add_argument("--optimizer", default="muon", choices=("muon", "adamw"))
     parser.add_argument(
         "--grad-accum", type=int, default=1, help="micro-batches per optimizer step (peers: 1)"
     )
     parser.add_argument(
-        "--compile", default="none", help="none|default|max-autotune|reduce-overhead, comma list"
+        "--compile", default="none", help="none|default|reduce-overhead, comma list"
     )
     parser.add_argument(
         "--attention", default="sdpa", help="sdpa (the trainer's) | flex (experimental), comma list"
@@ -145,19 +147,12 @@ def build_group(
         optimizer=args.optimizer,
         init_adapter="",
         epochs=1000,
+        compile="off" if compile_mode == "none" else compile_mode,  # the trainer's own path
     )
     settings = dit.DitSettings(device=str(device), run_key="adapters/bench/run")
     run = dit.prepare(options, storage, "bench", cache, models, "random-init", settings)
     if attention == "flex":
         run.transformer.set_attn_processor(FlexAttnProcessor(compiled=compile_mode == "none"))
-    if compile_mode != "none":
-        import torch._dynamo as dynamo
-
-        for name in ("cache_size_limit", "recompile_limit"):  # one graph per (crop, batch)
-            if hasattr(dynamo.config, name):
-                setattr(dynamo.config, name, 64)
-        for block in run.transformer.layers:
-            block.compile(mode=None if compile_mode == "default" else compile_mode, dynamic=False)
     return run
 
 
@@ -260,6 +255,7 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
         dit.optimizer_step(run, window)
     synchronize(device)
     if device.type == "cuda":
+        torch.cuda.empty_cache()  # so the reserved peak is this row's, not an earlier row's
         torch.cuda.reset_peak_memory_stats(device)
     times = []
     finite = True
@@ -293,6 +289,8 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
     }
     if device.type == "cuda":
         row["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / GIB, 2)
+        # CUDA-graph pools (compile mode reduce-overhead) are reserved, not always "allocated"
+        row["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved(device) / GIB, 2)
     return row
 
 
@@ -315,6 +313,84 @@ def profile_step(run: dit.DitRun) -> dict[str, Any]:
         "kernel_ms": round(busy_us / 1000, 2),
         "top_kernels_ms": {name[:80]: round(us / 1000, 2) for name, us in ranked},
     }
+
+
+def profile_optimizer(run: dit.DitRun) -> dict[str, Any]:
+    """Kernels of the update alone (clip + optimizer step on random gradients): what of the step
+    is the optimizer's, to tell it from the forward/backward's share."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for param in run.params:
+        param.grad = torch.randn_like(param) * 1e-3
+
+    def update() -> None:
+        torch.nn.utils.clip_grad_norm_(run.params, 1.0)
+        run.optimizer.step()
+
+    update()  # warm (lazy state)
+    synchronize(run.device)
+    started = time.perf_counter()
+    update()
+    synchronize(run.device)
+    wall_ms = (time.perf_counter() - started) * 1000
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        update()
+        synchronize(run.device)
+    run.optimizer.zero_grad(set_to_none=True)
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    return {
+        "wall_ms": round(wall_ms, 2),
+        "kernels": len(kernels),
+        "kernel_ms": round(sum(e.device_time for e in kernels) / 1000, 2),
+    }
+
+
+def phase_times(run: dit.DitRun, repeats: int = 3) -> dict[str, Any]:
+    """Wall time of each phase of one step, synchronised at every boundary (so the phases add
+    up to a slower step than the pipelined one): where the host time between kernels goes."""
+    window = [tuple(range(run.fit.batch))]
+    phases: dict[str, list[float]] = {}
+
+    def mark(name: str, started: float) -> float:
+        synchronize(run.device)
+        now = time.perf_counter()
+        phases.setdefault(name, []).append((now - started) * 1000)
+        return now
+
+    for _ in range(repeats):
+        step = run.state.step
+        t = time.perf_counter()
+        draws = dit.draw_window(run, window, step)
+        t = mark("draw", t)
+        batch = dit.dit_data.batch_to(
+            dit.dit_data.assemble(run.cache, draws.crops[0], run.frames), run.device
+        )
+        t = mark("assemble_copy", t)
+        out = dit.micro_batch_loss(
+            run, draws.crops[0], draws.t[0], draws.cfg_drop[0], draws.weights[0], (0, step)
+        )
+        t = mark("assemble_copy_forward", t)
+        out.loss.backward()
+        t = mark("backward", t)
+        torch.nn.utils.clip_grad_norm_(run.params, 1.0)
+        t = mark("clip", t)
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        mark("optimizer", t)
+        del batch
+    return {name: round(statistics.median(ms), 2) for name, ms in phases.items()}
+
+
+def cpu_profile(run: dit.DitRun) -> dict[str, Any]:
+    """Top host-side ops of one step by self CPU time (what the Python/dispatch side costs)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    window = [tuple(range(run.fit.batch))]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        dit.optimizer_step(run, window)
+        synchronize(run.device)
+    rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:25]
+    return {e.key[:70]: [e.count, round(e.self_cpu_time_total / 1000, 2)] for e in rows}
 
 
 def fits(run: dit.DitRun, crop: int, batch: int, ckpt: str) -> bool:
@@ -448,9 +524,10 @@ def main() -> int:
                     continue
                 for crop in crops:
                     best_rate = 0.0
-                    ladder = ([1] if "1" in batches else []) + (
-                        list(BATCH_LADDER) if "best" in batches else []
-                    )
+                    explicit = sorted({int(b) for b in batches if b.isdigit()})
+                    ladder = explicit + [
+                        b for b in (BATCH_LADDER if "best" in batches else ()) if b not in explicit
+                    ]
                     for batch in ladder:
                         row = {**base, "crop": crop, "batch": batch}
                         if over_budget():
@@ -459,12 +536,17 @@ def main() -> int:
                         if batch > 1 and (
                             batch * crop > MAX_BATCH_FRAMES or not fits(run, crop, batch, args.ckpt)
                         ):
+                            if batch in explicit:
+                                continue
                             break
                         try:
                             row.update(measure(args, run, crop, batch))
-                            if args.profile and batch == 1 and run.device.type == "cuda":
+                            if args.profile and batch == ladder[0] and run.device.type == "cuda":
                                 try:
                                     row["profile"] = profile_step(run)
+                                    row["profile"]["optimizer"] = profile_optimizer(run)
+                                    row["profile"]["phases_ms"] = phase_times(run)
+                                    row["profile"]["cpu_top"] = cpu_profile(run)
                                 except Exception as exc:  # the timing row stands without it
                                     row["profile"] = {"error": repr(exc)[:300]}
                         except Exception as exc:
@@ -474,7 +556,7 @@ def main() -> int:
                                 torch.cuda.empty_cache()
                             break
                         report.add(row)
-                        if batch > 1 and row["audio_s_per_s"] < 1.03 * best_rate:
+                        if batch not in explicit and row["audio_s_per_s"] < 1.03 * best_rate:
                             break
                         best_rate = max(best_rate, row["audio_s_per_s"])
                 report.data["summary"] = summarise(report.data["rows"])

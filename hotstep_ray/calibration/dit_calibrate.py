@@ -12,7 +12,8 @@ giving latents [T = duration x 25, 64]. Each render is reduced on the worker to 
 
 Score = Fréchet distance (squared latent units) between the Gaussian fit of every generated frame
 of a grid point and the fit of every `target_latents` frame of the dataset's tensor cache.
-Eligible = finite; lowest wins (`grid.pick_winner`). The base row is the reference.
+Eligible = finite; lowest wins (`grid.pick_winner`). The base row is the reference. Reading the
+run, planning, running and baking are the shared `recipe.calibrate_run`.
 """
 
 from __future__ import annotations
@@ -32,18 +33,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from hotstep_ray.audition.dit_audition import LATENT_HZ, DitAudition
 from hotstep_ray.audition.planner import shared_copy
 from hotstep_ray.audition.schemas import DitRequest
-from hotstep_ray.calibration import bake, grid, metrics
+from hotstep_ray.calibration import grid, metrics
 from hotstep_ray.calibration.grid import WorkerFactory, WorkItem, WorkResult
-from hotstep_ray.calibration.prompts import Prompt, song_prompts
+from hotstep_ray.calibration.prompts import Prompt
 from hotstep_ray.calibration.ray_calibrate import Runner, run_local
-from hotstep_ray.calibration.report import (
-    CalibrationOutcome,
-    emit_rows,
-    progress_reporter,
-    verdict,
-    winner_entry,
-)
-from hotstep_ray.calibration.runs import codes_key, read_run, tensors_key
+from hotstep_ray.calibration.recipe import KindPlan, calibrate_run
+from hotstep_ray.calibration.report import CalibrationOutcome
+from hotstep_ray.calibration.runs import RunInfo, codes_key, tensors_key
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog
 from hotstep_ray.core.storage import Storage
@@ -221,41 +217,28 @@ def calibrate_dit(
     """Calibrate the DiT run at `run_key` (see the module docstring). `worker` defaults to a
     `DitWorkerSpec` over `checkpoints` with the run's base DiT."""
     config = config or DitCalibrationConfig()
-    run = read_run(storage, run_key, config.include_final)
-    if run.kind != "dit":
-        raise InputError(f"{run_key} is an {run.kind} run; use the LM calibration")
-    if worker is None:
-        if not checkpoints:
-            raise InputError("calibrate_dit needs checkpoints (or a worker factory)")
-        worker = DitWorkerSpec(str(checkpoints), storage.url, dit or run.dit_name or None, device)
-    cache = tensors_key(storage, run, tensors)
-    songs, _ = load_lm_codes(storage, codes or codes_key(storage, run, f"{cache}/lm_codes.jsonl"))
-    prompts = song_prompts(songs, config.seeds, config.base_seed, run.trigger, run.trigger_position)
-    items = grid.plan_items(run.candidates, config.scales, dit_requests(prompts, config))
-    if events is not None:
-        events.log(
-            f"{PHASE}: {len(run.candidates)} candidates x {len(config.scales)} scales x "
-            f"{config.seeds} renders of {config.duration_s:g} s, + base"
+
+    def prepare(run: RunInfo) -> KindPlan:
+        factory = worker
+        if factory is None:
+            if not checkpoints:
+                raise InputError("calibrate_dit needs checkpoints (or a worker factory)")
+            factory = DitWorkerSpec(
+                str(checkpoints), storage.url, dit or run.dit_name or None, device
+            )
+        cache = tensors_key(storage, run, tensors)
+        key = codes or codes_key(storage, run, f"{cache}/lm_codes.jsonl")
+        songs, _ = load_lm_codes(storage, key)
+        dataset = dataset_latents(storage, cache)
+        return KindPlan(
+            worker=factory,
+            songs=songs,
+            requests=lambda prompts: dit_requests(prompts, config),
+            score=lambda items, results: score_dit(items, results, dataset),
+            dataset={"tensors": cache, "frames": dataset.count},
         )
-    results = runner(items, worker, progress_reporter(events, PHASE))
-    dataset = dataset_latents(storage, cache)
-    rows = score_dit(items, results, dataset)
-    winner = grid.pick_winner(rows, [c.name for c in run.candidates])
-    emit_rows(events, rows, winner)
-    document = bake.eval_document(
-        "dit",
-        run,
-        metric=METRIC,
-        config=config.model_dump(mode="json"),
-        seeds=[p.seed for p in prompts],
-        prompts=[p.to_dict() for p in prompts],
-        dataset={"tensors": cache, "frames": dataset.count},
-        candidates=[c.to_dict() for c in run.candidates],
-        base=rows[0],
-        grid=rows[1:],
-        winner=winner_entry(winner),
-    )
-    folder = bake.write_calibrated(storage, run, document, winner, repoint=repoint)
-    if events is not None:
-        events.log(verdict(winner, folder, storage), "info" if winner else "warn")
-    return CalibrationOutcome(run, rows, winner, folder, storage.read_json(folder.eval_key))
+
+    return calibrate_run(
+        storage, run_key, "dit", config, prepare, phase=PHASE, metric=METRIC, runner=runner,
+        events=events, repoint=repoint,
+    )  # fmt: skip

@@ -18,6 +18,10 @@ Hook contract for the trainer owners (LM `training/lm.py`, DiT `training/dit.py`
     mean over held-out songs (the trainers' epoch loss is a mean over songs too), `best` marks a
     new minimum. Returns the loss, or None on epochs skipped by `every`.
   - `evaluator.history` = [{epoch, loss}] for the train log (suggested key: `holdout`).
+Wiring (done): `training/lm.py` (`plan_data` splits `lm_codes.jsonl` songs, `train_lm` calls the
+evaluator after each epoch, `lm_train_log.json` key `holdout`) and `training/dit.py` (`setup` splits
+the tensor cache with `split_cache`, `end_epoch` calls `dit_epoch_end`, `dit_train_log.json` key
+`holdout`). Both keep [{epoch, loss}] in their resumable state.
 Ready-made `song_losses`:
   - LM: `lm_song_losses(held_examples)`: each held-out song's mean CE over its loss span through
     the trainer's `LmLossModule` (bf16 autocast on CUDA), i.e. `lm_loss.batch_loss` of a one-song
@@ -120,11 +124,13 @@ class HoldoutEval:
         events: EventLog | None = None,
         every: int = 1,
         split: str = "holdout",
+        info: dict[str, Any] | None = None,
     ) -> None:
         if every < 1:
             raise InputError("every must be >= 1")
         self.song_losses, self.songs, self.events = song_losses, songs, events
         self.every, self.split = every, split
+        self.info = info  # the split's description for the train log (HoldoutSplit.to_dict)
         self.history: list[dict[str, Any]] = []
         self.best = math.inf
 
@@ -218,3 +224,35 @@ def dit_song_losses(run: Any, held: TensorCache, draws: int = 4) -> SongLosses:
         return out
 
     return losses
+
+
+def split_cache(
+    cache: TensorCache, fraction: float, seed: int
+) -> tuple[TensorCache, TensorCache, HoldoutSplit]:
+    """(training cache, held-out cache, split) of a DiT tensor cache, by file stem."""
+    split = split_holdout([song.stem for song in cache.songs], fraction, seed)
+    train, held = partition_cache(cache, split)
+    return train, held, split
+
+
+def dit_evaluator(run: Any, held: TensorCache, split: HoldoutSplit) -> HoldoutEval:
+    """The DiT trainer's per-epoch evaluator (events on the main rank only)."""
+    return HoldoutEval(
+        dit_song_losses(run, held),
+        songs=len(held.songs),
+        events=run.events if run.is_main else None,
+        info=split.to_dict(),
+    )
+
+
+def dit_epoch_end(run: Any) -> float | None:
+    """Held-out loss of the epoch the DiT trainer just finished (`run.holdout`, main rank), kept
+    in `run.state.holdout`; the best continues a resumed run's."""
+    if run.holdout is None or not run.is_main:
+        return None
+    finite = [row["loss"] for row in run.state.holdout if math.isfinite(row["loss"])]
+    run.holdout.best = min(finite, default=math.inf)
+    loss = run.holdout(run.state.epoch, run.transformer)
+    if loss is not None:
+        run.state.holdout.append({"epoch": run.state.epoch, "loss": loss})
+    return loss

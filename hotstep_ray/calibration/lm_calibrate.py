@@ -11,6 +11,8 @@
    (> 25 codes copied from one training song trips); length guard (mean codes >= 60 % of base).
 5. Winner (`grid.pick_winner`) baked into `<run>-calibrated/` with `hot_step_eval.json`
    (`bake.write_calibrated`); with no eligible row only the report is written.
+Steps 1, 3 (planning, running) and 5 are the shared `recipe.calibrate_run`; this module holds the
+LM's requests, worker and scores.
 
 Length. The planner emits exactly duration x 5 codes, so lengths differ only when the LM plans
 the duration itself: `duration_s=None` (the default) leaves it to phase 1 (the other metas stay
@@ -30,18 +32,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hotstep_ray.audition.planner import LoadedLm, PlannerLM, shared_copy
 from hotstep_ray.audition.schemas import LmRequest, LmSampling
-from hotstep_ray.calibration import bake, grid, metrics
+from hotstep_ray.calibration import grid, metrics
 from hotstep_ray.calibration.grid import WorkerFactory, WorkItem, WorkResult
-from hotstep_ray.calibration.prompts import Prompt, song_prompts
+from hotstep_ray.calibration.prompts import Prompt
 from hotstep_ray.calibration.ray_calibrate import Runner, run_local
-from hotstep_ray.calibration.report import (
-    CalibrationOutcome,
-    emit_rows,
-    progress_reporter,
-    verdict,
-    winner_entry,
-)
-from hotstep_ray.calibration.runs import codes_key, read_run
+from hotstep_ray.calibration.recipe import KindPlan, calibrate_run
+from hotstep_ray.calibration.report import CalibrationOutcome
+from hotstep_ray.calibration.runs import RunInfo, codes_key
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog
 from hotstep_ray.core.storage import Storage
@@ -136,7 +133,7 @@ class LmWorkerSpec:
     expected_size: str = ""  # refuse an LM of another size ("" = no check)
     device: str | None = None
     dtype: str | None = None
-    decode_mode: str = "eager"
+    decode_mode: str = "auto"  # CUDA graphs on CUDA, eager on CPU
 
     def __call__(self) -> LmWorker:
         planner = PlannerLM.from_checkpoints(
@@ -225,42 +222,28 @@ def calibrate_lm(
     """Calibrate the LM run at `run_key` (see the module docstring). `worker` defaults to an
     `LmWorkerSpec` over `checkpoints` with the run's LM size."""
     config = config or LmCalibrationConfig()
-    run = read_run(storage, run_key, config.include_final)
-    if run.kind != "lm":
-        raise InputError(f"{run_key} is a {run.kind} run; use the DiT calibration")
-    if worker is None:
-        if not checkpoints:
-            raise InputError("calibrate_lm needs checkpoints (or a worker factory)")
-        worker = LmWorkerSpec(str(checkpoints), storage.url, lm, run.lm_size, device)
-    key = codes_key(storage, run, codes)
-    songs, _ = load_lm_codes(storage, key)
-    prompts = song_prompts(songs, config.seeds, config.base_seed, run.trigger, run.trigger_position)
-    items = grid.plan_items(run.candidates, config.scales, lm_requests(prompts, config))
-    if events is not None:
-        names = ", ".join(c.name for c in run.candidates)
-        events.log(
-            f"{PHASE}: {len(run.candidates)} candidates ({names}) x {len(config.scales)} scales "
-            f"x {config.seeds} seeds, + base; {len(songs)} dataset songs"
+
+    def prepare(run: RunInfo) -> KindPlan:
+        factory = worker
+        if factory is None:
+            if not checkpoints:
+                raise InputError("calibrate_lm needs checkpoints (or a worker factory)")
+            factory = LmWorkerSpec(str(checkpoints), storage.url, lm, run.lm_size, device)
+        key = codes_key(storage, run, codes)
+        songs, _ = load_lm_codes(storage, key)
+        dataset = metrics.DatasetCodes.from_songs(
+            [s.codes for s in songs], [s.song_id for s in songs]
         )
-    results = runner(items, worker, progress_reporter(events, PHASE))
-    dataset = metrics.DatasetCodes.from_songs([s.codes for s in songs], [s.song_id for s in songs])
-    rows = score_lm(items, results, dataset, metrics.CorpusIndex(dataset.songs), config)
-    winner = grid.pick_winner(rows, [c.name for c in run.candidates])
-    emit_rows(events, rows, winner)
-    document = bake.eval_document(
-        "lm",
-        run,
-        metric=METRIC,
-        config=config.model_dump(mode="json"),
-        seeds=[p.seed for p in prompts],
-        prompts=[p.to_dict() for p in prompts],
-        dataset={"codes": key, "songs": len(songs), "total_codes": dataset.total_codes},
-        candidates=[c.to_dict() for c in run.candidates],
-        base=rows[0],
-        grid=rows[1:],
-        winner=winner_entry(winner),
-    )
-    folder = bake.write_calibrated(storage, run, document, winner, repoint=repoint)
-    if events is not None:
-        events.log(verdict(winner, folder, storage), "info" if winner else "warn")
-    return CalibrationOutcome(run, rows, winner, folder, storage.read_json(folder.eval_key))
+        index = metrics.CorpusIndex(dataset.songs)
+        return KindPlan(
+            worker=factory,
+            songs=songs,
+            requests=lambda prompts: lm_requests(prompts, config),
+            score=lambda items, results: score_lm(items, results, dataset, index, config),
+            dataset={"codes": key, "songs": len(songs), "total_codes": dataset.total_codes},
+        )
+
+    return calibrate_run(
+        storage, run_key, "lm", config, prepare, phase=PHASE, metric=METRIC, runner=runner,
+        events=events, repoint=repoint,
+    )  # fmt: skip

@@ -4,6 +4,11 @@ Every `TrainDitOptions` field is an option (`--learning-rate 5e-4`, `--target-ml
 `--stages train,export`); unset options keep the contract's defaults. `--ray` runs the job on Ray
 Train (the cluster at `--ray-address` / $RAY_ADDRESS, or a local one); `--no-ray` trains in this
 process. Inside `ray job submit` the default is Ray.
+
+`--calibrate` ends the job by evaluating the run's adapter and milestones x scales (latent Fréchet
+against the tensor cache) and baking the winner into `<run>-calibrated/` (`--calibrate-scales`,
+`--calibrate-seeds`, `--calibrate-duration` tune it); `--holdout-fraction 0.2` keeps songs out of
+training and prints their loss per epoch.
 """
 
 from __future__ import annotations
@@ -46,6 +51,18 @@ def _console_sink(event) -> None:
             f"step {event.step}/{event.total_steps}",
             highlight=False,
         )
+    elif isinstance(event, MetricEvent) and event.metric == "eval":
+        extra = event.model_extra or {}
+        if extra.get("split") == "holdout":
+            mark = " *" if extra.get("best") else ""
+            console.print(f"  held-out loss {event.loss:.4f}{mark}", highlight=False)
+        else:
+            mark = "  <- winner" if extra.get("winner") else ""
+            console.print(
+                f"  calibrate {extra.get('candidate')} x{extra.get('scale', 0):g}  "
+                f"score {extra.get('score', float('nan')):.4f}{mark}",
+                highlight=False,
+            )
     elif isinstance(event, MetricEvent) and event.metric == "milestone":
         console.print(f"  [green]milestone[/] {event.path}", highlight=False)
 
@@ -109,13 +126,25 @@ def _run(
     ray_address: str = typer.Option("", help="Ray cluster to join (default $RAY_ADDRESS)."),
     workers: int = typer.Option(1, help="Ray workers (one GPU each); >1 = data parallel."),
     max_failures: int = typer.Option(2, help="Ray: worker failures to recover from."),
+    calibrate_scales: str = typer.Option("", help="Calibration scales (default 0.5,0.75,1,1.25)."),
+    calibrate_seeds: int = typer.Option(0, help="Calibration renders per grid point (0 = 4)."),
+    calibrate_duration: float = typer.Option(0.0, help="Seconds per calibration render (0 = 10)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     **contract: Any,
 ) -> None:
     """Train a DiT adapter: setup -> train -> export to adapters/dit-<base>/<artist>/<run>/."""
-    from hotstep_ray.training import dit
+    from hotstep_ray.calibration.after_train import check_calibrate
+    from hotstep_ray.training import dit, ray_dit
 
     options = build_options(variant, contract)
+    check_calibrate(options)
+    calibration: dict[str, Any] = {}
+    if calibrate_scales:
+        calibration["scales"] = calibrate_scales
+    if calibrate_seeds:
+        calibration["seeds"] = calibrate_seeds
+    if calibrate_duration:
+        calibration["duration_s"] = calibrate_duration
     storage = Storage(data)
     settings = dit.DitSettings(
         dit_folder=dit_folder,
@@ -151,21 +180,33 @@ def _run(
                 vram_gb=vram_gb,
                 max_failures=max_failures,
                 job_id=job.id,
+                events=job.events,
+                calibration=calibration,
             )
             summary = {"run": storage.url_of(result.run_key), "vram_gb": result.vram_gb}
             log = result.log
+            calibrated = result.calibration
         else:
             run = dit.setup(options, storage, slug, settings, events=job.events)
             job.phase("train")
             outcome = dit.train(run, max_steps=max_steps)
             summary = {"run": storage.url_of(outcome.run_key)}
             log = outcome.log
+            calibrated = None
+            if options.calibrate:
+                job.phase("calibrate")
+                dit_folder = run.dit_folder
+                del run  # the trained model; calibration loads the base again
+                calibrated = ray_dit.calibrate_dit_run(
+                    options, storage, outcome.run_key, dit_folder, job.events, calibration
+                )
     summary.update(
         stop_reason=log.get("stop_reason"),
         epochs_run=log.get("epochs_run"),
         best_ma5=log.get("best_loss"),
         saved_reason=log.get("saved_reason"),
         job=job.id,
+        calibration=calibrated,
     )
     if as_json:
         print_json(summary)
@@ -175,6 +216,16 @@ def _run(
         f"stopped: {summary['stop_reason']} after {summary['epochs_run']} epochs, "
         f"best ma5 {summary['best_ma5']}, saved ({summary['saved_reason']})"
     )
+    if calibrated is not None:
+        winner = calibrated["winner"]
+        if winner is None:
+            console.print(f"[yellow]calibration: no winner[/] ({calibrated['url']})")
+        else:
+            console.print(
+                f"[green]calibrated:[/] {calibrated['url']}  ({winner['candidate']} "
+                f"x{winner['scale']:g}, score {winner['score']:.4f})",
+                soft_wrap=True,
+            )
 
 
 def _with_contract_options(func):

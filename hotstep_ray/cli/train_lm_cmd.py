@@ -5,6 +5,12 @@ defaults (`core.contracts.TrainLmOptions`). With `--init-adapter` (default `late
 of this artist and size) the adapter type, rank and alpha not given here are taken from that run,
 and a contradicting one is refused. `--ray` runs the job on Ray Train (GPU workers sized from the
 memory plan, resume after a worker failure); `--no-ray` trains in this process.
+
+`--stages extract,train,export` (the default) picks what runs: `extract` refreshes lm_codes.jsonl
+from the tensor cache, `train` without `export` keeps the run's checkpoint, and `--stages export
+--resume RUN` exports it later. `--holdout-fraction 0.2` keeps songs out of training and prints
+their loss per epoch; `--calibrate` ends the job by picking the best milestone x scale and baking
+it into `<run>-calibrated/` (`--no-calibrate-repoint`: the artist keeps resolving to the run).
 """
 
 from __future__ import annotations
@@ -52,6 +58,18 @@ def _print_event(event: Any) -> None:
     if isinstance(event, LogEvent):
         style = {"info": "dim", "warn": "yellow", "error": "red"}[event.level]
         console.print(f"  [{style}]{event.message}[/]", highlight=False, soft_wrap=True)
+    elif isinstance(event, MetricEvent) and event.metric == "eval":
+        extra = event.model_extra or {}
+        if extra.get("split") == "holdout":
+            mark = " *" if extra.get("best") else ""
+            console.print(f"  held-out loss {event.loss:.4f}{mark}", highlight=False)
+        else:
+            mark = "  <- winner" if extra.get("winner") else ""
+            console.print(
+                f"  calibrate {extra.get('candidate')} x{extra.get('scale', 0):g}  "
+                f"score {extra.get('score', float('nan')):.4f}{mark}",
+                highlight=False,
+            )
     elif isinstance(event, MetricEvent) and event.metric == "epoch":
         extra = event.model_extra or {}
         mark = " *" if extra.get("best") else ""
@@ -68,7 +86,7 @@ def run(
     slug: str = typer.Argument(..., help="Dataset slug (its preprocessed codes are the data)."),
     data: str = typer.Option("./data", help="Storage root: a folder or s3://bucket/prefix."),
     checkpoints: str = typer.Option(..., help="ACE-Step checkpoints folder."),
-    size: str = typer.Option("0.6B", help="LM size: 0.6B, 1.7B or 4B."),
+    size: str | None = typer.Option(None, help="LM size: 0.6B, 1.7B or 4B (default: 4B)."),
     lm_model: str = typer.Option("", help="LM folder (name under --checkpoints, or a path)."),
     variant: str = typer.Option("", help="Preprocessed variant (default: newest)."),
     codes: str = typer.Option("", help="Storage key of lm_codes.jsonl (overrides the lookup)."),
@@ -94,6 +112,26 @@ def run(
     milestone_step: float | None = typer.Option(None),
     milestone_keep: int | None = typer.Option(None),
     init_adapter: str | None = typer.Option(None, help="'latest', '' (scratch) or a run folder."),
+    stages: str | None = typer.Option(None, help="Comma-separated: extract,train,export."),
+    overwrite: bool | None = typer.Option(
+        None, "--overwrite/--no-overwrite", help="Extract: re-read every tensor file."
+    ),
+    holdout_fraction: float | None = typer.Option(
+        None, help="Fraction of songs held out for a per-epoch loss (needs >= 6 songs)."
+    ),
+    calibrate: bool | None = typer.Option(
+        None, "--calibrate/--no-calibrate", help="Calibrate milestones x scales after export."
+    ),
+    calibrate_repoint: bool | None = typer.Option(
+        None,
+        "--calibrate-repoint/--no-calibrate-repoint",
+        help="The calibrated folder becomes what the artist resolves to (default: yes).",
+    ),
+    calibrate_scales: str = typer.Option("", help="Calibration scales (default 0.5,0.75,1,1.25)."),
+    calibrate_seeds: int = typer.Option(0, help="Generations per grid point (0 = default 4)."),
+    calibrate_duration: float = typer.Option(
+        0.0, help="Seconds per calibration generation (0 = the LM plans it)."
+    ),
     batching: str = typer.Option("single", help="single, bucket or pack."),
     pack_tokens: int = typer.Option(0, help="Row capacity when packing (0 = auto)."),
     checkpointing: str = typer.Option("auto", help="auto, none, full or a layer count."),
@@ -129,12 +167,25 @@ def run(
         "milestone_step": milestone_step,
         "milestone_keep": milestone_keep,
         "init_adapter": init_adapter,
+        "lm_size": size,
+        "stages": [s.strip() for s in stages.split(",") if s.strip()] if stages else None,
+        "overwrite": overwrite,
+        "holdout_fraction": holdout_fraction,
+        "calibrate": calibrate,
+        "calibrate_repoint": calibrate_repoint,
     }
     name = artist or slug
     options = TrainLmOptions(
-        lm_size=size, lm_model=lm_model, adapter_name=name, variant_key=variant,
+        lm_model=lm_model, adapter_name=name, variant_key=variant,
         **{k: v for k, v in given.items() if v is not None},
     )  # fmt: skip
+    calibration: dict[str, Any] = {}
+    if calibrate_scales:
+        calibration["scales"] = calibrate_scales
+    if calibrate_seeds:
+        calibration["seeds"] = calibrate_seeds
+    if calibrate_duration:
+        calibration["duration_s"] = calibrate_duration
     codes_key = codes or find_codes(storage, slug, variant)
     engine = lm.LmEngine(
         device=device,
@@ -147,7 +198,7 @@ def run(
     job = Job(storage, "train-lm", dataset_id=slug, sinks=(_print_event,))
     spec = lm.LmTrainSpec(
         options=options,
-        lm_dir=str(lm.resolve_lm_dir(checkpoints, size, lm_model)),
+        lm_dir=str(lm.resolve_lm_dir(checkpoints, options.lm_size, lm_model)),
         codes_key=codes_key,
         artist=name,
         trigger=trigger or "",
@@ -155,6 +206,7 @@ def run(
         engine=engine,
         run_key=resume,
         events_key=layout.job_events(job.id) if use_ray else "",
+        calibration=calibration,
     )
     with job:
         job.phase("train")
@@ -167,17 +219,38 @@ def run(
                 num_workers=workers,
                 max_failures=max_failures,
                 ray_address=ray_address or None,
+                events=job.events,
             )
         else:
             result = lm.run_lm_training(spec, storage, events=job.events, resume=bool(resume))
         job.phase("export")
     if as_json:
-        print_json(result.log)
+        print_json({**result.log, "calibration": result.calibration})
         return
     log = result.log
+    if not result.run_key:  # extract only
+        console.print(f"[green]codes:[/] {storage.url_of(result.files[0])}", soft_wrap=True)
+        return
+    if "saved_epoch" not in log or not log.get("saved_epoch"):
+        console.print(f"[yellow]no adapter kept[/] in {storage.url_of(result.run_key)}")
+        return
     console.print(
         f"[green]adapter:[/] {storage.url_of(result.run_key)}  "
         f"({log['saved_reason']} epoch {log['saved_epoch']}, loss {log['saved_loss']:.4f}; "
         f"{log['epochs_run']} epochs, stop: {log['stop_reason']})",
+        soft_wrap=True,
+    )
+    if result.calibration is not None:
+        _print_calibration(result.calibration)
+
+
+def _print_calibration(summary: dict[str, Any]) -> None:
+    winner = summary.get("winner")
+    if winner is None:
+        console.print(f"[yellow]calibration: no candidate passed the guards[/] ({summary['url']})")
+        return
+    console.print(
+        f"[green]calibrated:[/] {summary['url']}  ({winner['candidate']} x{winner['scale']:g}, "
+        f"score {winner['score']:.4f})",
         soft_wrap=True,
     )

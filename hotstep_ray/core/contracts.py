@@ -51,6 +51,7 @@ PreprocessDtype = Literal["f32", "bf16"]
 PreprocessCompat = Literal["hotstep", "sidestep"]
 PreprocessNormalize = Literal["none", "peak"]
 TrainLmStage = Literal["extract", "train", "export"]
+DitCompileMode = Literal["auto", "off", "default", "reduce-overhead"]
 TrainDitStage = Literal["train", "export"]
 
 AUDIO_EXTENSIONS: tuple[str, ...] = (".wav", ".mp3", ".flac", ".ogg", ".opus", ".m4a", ".aac")
@@ -295,6 +296,9 @@ class TrainLmOptions(Options):
     init_adapter: str = "latest"
     calibrate: bool = False
     calibrate_repoint: bool = True
+    # Songs kept out of training for a per-epoch held-out loss (`eval` events); 0 = off. Needs at
+    # least 6 songs (calibration.holdout.MIN_SONGS).
+    holdout_fraction: float = Field(default=0.0, ge=0, lt=1)
 
     @model_validator(mode="after")
     def _check(self) -> TrainLmOptions:
@@ -357,6 +361,10 @@ class TrainDitOptions(Options):
     init_adapter: str = "latest"
     calibrate: bool = False
     calibrate_repoint: bool = True
+    holdout_fraction: float = Field(default=0.0, ge=0, lt=1)  # as TrainLmOptions; 0 = off
+    # torch.compile of each DiT block: "auto" = "default" on CUDA, off on the CPU; "reduce-overhead"
+    # adds CUDA graphs (faster at batch 1, one graph pool per shape). docs/BENCHMARKS.md.
+    compile: DitCompileMode = "auto"
 
     @model_validator(mode="after")
     def _check(self) -> TrainDitOptions:

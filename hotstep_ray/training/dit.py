@@ -80,7 +80,7 @@ class DitSettings:
     vram_budget_gb: float | None = None  # None: CUDA free memory - reserve; CPU unlimited
     device: str | None = None  # None: cuda if available else cpu
     window_rule: str = "sdpa"  # sliding-window convention (models.acestep_wrappers)
-    compile: bool = False  # torch.compile each transformer block (CUDA)
+    compile: str | None = None  # None: options.compile; else overrides it (compile_mode)
     run_key: str | None = None  # fixed run folder (the Ray driver picks it for every worker)
     resume: str | None = None  # storage key of a checkpoint folder to continue from
     rank: int = 0
@@ -111,6 +111,7 @@ class TrainState:
     history: list[dict[str, Any]] = field(default_factory=list)
     milestones: list[dict[str, Any]] = field(default_factory=list)
     resumes: list[dict[str, int]] = field(default_factory=list)
+    holdout: list[dict[str, Any]] = field(default_factory=list)  # [{epoch, loss}] held-out songs
     last_export: float = 0.0  # wall clock of the last best-export (not resumed)
     last_checkpoint: float = 0.0
 
@@ -146,7 +147,9 @@ class DitRun:
     state: TrainState = field(default_factory=TrainState)
     pending_best: dict[str, Any] | None = None  # CPU snapshot of a best adapter not yet exported
     checkpoint_hook: Callable[[DitRun], None] | None = None
+    holdout: Any = None  # calibration.holdout.HoldoutEval when songs are held out
     params: list[torch.nn.Parameter] = field(default_factory=list)  # the trainable adapter
+    compile: str = "off"  # the resolved compile mode of the blocks
     started: float = field(default_factory=time.time)
 
     @property
@@ -280,6 +283,11 @@ def setup(
     dtype = torch.bfloat16 if _device(settings).type == "cuda" else torch.float32
     cache_key = layout.tensor_dir(dataset, options.variant_key)
     cache = dit_data.load_cache(storage, cache_key)
+    held = None
+    if options.holdout_fraction:  # songs kept out of training for a per-epoch held-out loss
+        from hotstep_ray.calibration import holdout
+
+        cache, held, split = holdout.split_cache(cache, options.holdout_fraction, options.seed)
     folder = resolve_dit_folder(
         cache.meta, options.variant_key, settings.dit_folder, settings.checkpoints_dir
     )
@@ -289,6 +297,9 @@ def setup(
     run.cache_key = cache_key
     if settings.resume:
         restore(run, storage, settings.resume)
+    if held is not None:
+        run.holdout = holdout.dit_evaluator(run, held, split)
+        _log(run, f"held out of training: {', '.join(split.held_out)}")
     _announce(run)
     return run
 
@@ -387,10 +398,45 @@ def prepare(
         events=events if settings.rank == 0 else None,
         params=[param for _, param in trainable],
     )
-    if settings.compile:
-        for block in models.transformer.layers:
-            block.compile(dynamic=False)
+    mode = compile_mode(settings.compile or options.compile, device)
+    if mode != "off":
+        compile_blocks(models.transformer, mode)
+    run.compile = mode
     return run
+
+
+def compile_mode(requested: str, device: torch.device) -> str:
+    """`auto` is `default` on CUDA (H200, 2B LoRA r64, 6000 frames: 529 -> 216 ms per step) and
+    `off` elsewhere. Compiling is refused off CUDA: Inductor's CPU code for these blocks gives
+    the eager loss but wrong adapter gradients (torch 2.13, measured: 40 % median error on the
+    tiny DiT), while its CUDA code matches eager (8e-7 in float32; bench/dit_compile_check.py)."""
+    if requested not in ("auto", "off", "default", "reduce-overhead"):
+        raise InputError(f"compile {requested!r}: expected auto, off, default or reduce-overhead")
+    if requested == "auto":
+        return "default" if device.type == "cuda" else "off"
+    if requested != "off" and device.type != "cuda":
+        raise InputError(
+            f"compile {requested!r} needs a CUDA device (Inductor's CPU backend computes wrong "
+            "gradients for the DiT blocks); use compile off on the CPU"
+        )
+    return requested
+
+
+def compile_blocks(transformer: torch.nn.Module, mode: str, backend: str = "inductor") -> None:
+    """torch.compile every transformer block in place (Inductor fuses the norm, modulation,
+    LoRA and activation elementwise chains; the blocks share their graphs). One graph per
+    (sliding|full layer, first layer, crop, batch): the cache limit leaves room for a run's
+    shapes so no block silently falls back to eager."""
+    import torch._dynamo as dynamo
+
+    for name in ("cache_size_limit", "recompile_limit"):
+        if hasattr(dynamo.config, name):
+            setattr(dynamo.config, name, max(getattr(dynamo.config, name), 64))
+    for block in transformer.layers:
+        if backend == "inductor":
+            block.compile(mode=None if mode == "default" else mode, dynamic=False)
+        else:  # tests: dynamo + AOTAutograd capture without Inductor's code generation
+            block.compile(backend=backend, dynamic=False)
 
 
 def build_schedule(
@@ -418,9 +464,10 @@ def _init_adapter(
     none exists or its shapes differ), "" = from scratch, else a storage key."""
     if not options.init_adapter:
         return
-    if options.init_adapter == "latest":
-        key = layout.resolve_adapter(storage, base, artist)
-        if key is None or key == run_key:
+    if options.init_adapter == "latest":  # never a `-calibrated` folder (calibration output)
+        key = layout.latest_run_dir(storage, f"{base}/{artist}", skip_calibrated=True)
+        key = key or layout.resolve_adapter(storage, base, artist)
+        if key is None or key == run_key or key.endswith("-calibrated"):
             return
     else:
         key = options.init_adapter
@@ -566,6 +613,8 @@ def optimizer_step(run: DitRun, window: list[tuple[int, ...]]) -> StepResult:
     """One optimizer step over `grad_accum` micro-batches (see the module docstring)."""
     started = time.perf_counter()
     step, rank = run.state.step, run.settings.rank
+    if run.compile == "reduce-overhead":  # a new step: CUDA-graph outputs of the last may be reused
+        torch.compiler.cudagraph_mark_step_begin()
     if run.settings.lora_dropout > 0:  # peft's dropout draws from the global RNG
         torch.manual_seed(dit_data.derived_seed(run.options.seed, "dropout", step, rank))
     draws = draw_window(run, window, step)
@@ -753,6 +802,10 @@ def end_epoch(run: DitRun) -> None:
                 raw_loss=record["raw_loss"],
             )
         )
+    if run.holdout is not None:
+        from hotstep_ray.calibration.holdout import dit_epoch_end
+
+        dit_epoch_end(run)
     if run.is_main:
         _milestone(run, state.epoch, ma5)
         improved = math.isfinite(ma5) and ma5 < state.best_ma5
@@ -1001,7 +1054,7 @@ def runtime_info(run: DitRun) -> dict[str, Any]:
         "autocast": None if run.autocast is None else str(run.autocast).removeprefix("torch."),
         "attention": "sdpa; dense band mask on sliding layers; padded keys masked",
         "window_rule": run.settings.window_rule,
-        "compile": run.settings.compile,
+        "compile": run.compile,
         "torch": torch.__version__,
         "world_size": run.settings.world_size,
     }
@@ -1052,6 +1105,7 @@ def write_log(run: DitRun, final: bool = False) -> dict[str, Any]:
         "target_loss_stop": state.target_stop,
         "milestones": state.milestones,
         "resumes": state.resumes,
+        "holdout": None if run.holdout is None else {**run.holdout.info, "epochs": state.holdout},
         "audio_seconds": state.audio_seconds,
         "total_ms": (time.time() - run.started) * 1000,
     }

@@ -14,6 +14,13 @@ save    the kept adapter (the best epoch, or the epoch that hit the target) as a
         (LoRA) or LyCORIS file (LoKR), BF16, trigger in `__metadata__`, plus `lm_train_log.json`,
         under `adapters/lm-06b|lm-17b|lm-4b/<artist>/<run>/`.
 
+Stages (`options.stages`): `extract` writes/refreshes `lm_codes.jsonl` from the tensor cache
+(`lm_data.extract_codes`, unchanged rows reused); `train` trains; `export` writes the adapter. Train
+without export keeps the resumable checkpoint in `<run>/checkpoint/` (and skips milestones); export
+alone (`run_key` = that run) exports the adapter it kept. `holdout_fraction` keeps songs out of
+training and reports their loss per epoch as `eval` events; `calibrate` ends the job with
+`calibration.after_train` (milestones x scales, baked into `<run>-calibrated/`).
+
 bf16 weights with fp32 adapter masters under autocast on CUDA; float32 on CPU. Resumable
 checkpoints (`training.checkpoint`) are taken at epoch ends; a resumed run equals an
 uninterrupted one (data order is a function of (seed, epoch)).
@@ -28,7 +35,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -90,6 +97,7 @@ class LmTrainSpec(BaseModel):
     engine: LmEngine = Field(default_factory=LmEngine)
     run_key: str = ""  # "" = a fresh stamped run folder
     events_key: str = ""  # also append events as JSONL here (Ray workers)
+    calibration: dict[str, Any] = Field(default_factory=dict)  # LmCalibrationConfig overrides
 
     def to_config(self) -> dict[str, Any]:
         """JSON dict that keeps which options were set explicitly (identity adoption needs it)."""
@@ -289,6 +297,8 @@ class LmSetup:
     trigger_position: str = "prepend"
     budget: int | None = None  # bytes a step may use (None: not fitted, CPU)
     init_from: dict[str, Any] = field(default_factory=dict)
+    held_out: list[data.LmExample] = field(default_factory=list)  # holdout_fraction's songs
+    holdout: dict[str, Any] | None = None  # the split (HoldoutSplit.to_dict)
     rank: int = 0
     world: int = 1
     events: EventLog | None = None
@@ -370,6 +380,13 @@ def plan_data(
     if not storage.exists(spec.codes_key):
         raise InputError(f"{storage.url_of(spec.codes_key)}: missing (run preprocess first)")
     songs, bad = data.load_lm_codes(storage, spec.codes_key)
+    held: list[data.LmSong] = []
+    split = None
+    if options.holdout_fraction:
+        from hotstep_ray.calibration.holdout import partition_songs, split_holdout
+
+        split = split_holdout([s.song_id for s in songs], options.holdout_fraction, options.seed)
+        songs, held = partition_songs(songs, split)
     if options.max_len:
         max_len, source = options.max_len, "user"
     elif budget is not None:
@@ -395,6 +412,13 @@ def plan_data(
         pad_multiple=engine.pad_multiple,
     )
     plan.max_len_source = source
+    if split is not None:  # one example per held-out song (no repeats), rendered as in training
+        if render.trigger:
+            held = [replace(s, custom_tag="", tag_position="") for s in held]
+        examples, too_long = data.build_examples(tokenizer, held, plan.max_len, render)
+        plan.held_out = list({id(e): e for e in examples}.values())
+        plan.skipped.extend(too_long)
+        plan.holdout = split.to_dict()
     if not plan.examples:
         reasons = ", ".join(f"{s.song_id}: {s.reason}" for s in plan.skipped[:5]) or "no rows"
         raise InputError(f"no trainable songs in {storage.url_of(spec.codes_key)} ({reasons})")
@@ -528,6 +552,8 @@ def setup_lm(
         trigger_position=plan.trigger_position,
         budget=budget,
         init_from=init_from,
+        held_out=plan.held_out,
+        holdout=plan.holdout,
         rank=rank,
         world=world,
         events=events,
@@ -556,6 +582,9 @@ def _announce(setup: LmSetup, split: str) -> None:
         setup.log(f"skipped {song.song_id}: {song.reason} {song.detail}".rstrip(), "warn")
     if setup.init_from:
         setup.log(f"continuing from {setup.init_from['url']} ({setup.init_from['identity']})")
+    if setup.holdout is not None:
+        held = ", ".join(setup.holdout["held_out"])
+        setup.log(f"held out of training ({len(setup.held_out)} rendered): {held}")
     setup.log(
         f"LM {setup.lm_size} on {setup.device} ({setup.dtype}); {setup.identity.describe()}; "
         f"optimizer {split}; {setup.vram.checkpointed_layers}/{setup.dims.layers} layers "
@@ -583,6 +612,7 @@ class LmTrainState:
     target_epoch: int = 0
     milestones: list[dict[str, Any]] = field(default_factory=list)
     elapsed_ms: float = 0.0
+    holdout: list[dict[str, Any]] = field(default_factory=list)  # [{epoch, loss}] held-out loss
     stop_rule: StopRule | None = None
     tracker: MilestoneTracker | None = None
 
@@ -717,7 +747,7 @@ def end_epoch(setup: LmSetup, state: LmTrainState, row: dict[str, Any]) -> None:
 
 def _milestone(setup: LmSetup, state: LmTrainState, epoch: int, loss: float) -> None:
     decision = state.tracker.observe(epoch, loss)
-    if not setup.is_main:
+    if not setup.is_main or "export" not in setup.options.stages:
         return
     for old in decision.evict:
         setup.storage.delete(f"{setup.run_key}/{MILESTONE_DIR}/{old.name}", recursive=True)
@@ -744,14 +774,35 @@ def train_lm(
     """Train from `state` (fresh by default) until the stop rule says so, or through epoch
     `stop_after_epoch` (> 0: an interruption, for tests and preemption)."""
     state = state or new_state(setup)
+    evaluator = holdout_evaluator(setup, state)
     while not state.finished:
         epoch = state.epoch + 1
         end_epoch(setup, state, run_epoch(setup, state, epoch))
+        if evaluator is not None:
+            loss = evaluator(epoch, setup.model)
+            state.holdout.append({"epoch": epoch, "loss": loss})
         if on_epoch is not None:
             on_epoch(setup, state)
         if stop_after_epoch and epoch >= stop_after_epoch and not state.finished:
             break
     return state
+
+
+def holdout_evaluator(setup: LmSetup, state: LmTrainState) -> Any:
+    """The per-epoch held-out loss (`calibration.holdout.HoldoutEval`, `eval` events) on the main
+    rank when songs are held out; None otherwise. Its best continues a resumed run's."""
+    if not setup.held_out or not setup.is_main:
+        return None
+    from hotstep_ray.calibration.holdout import HoldoutEval, lm_song_losses
+
+    evaluator = HoldoutEval(
+        lm_song_losses(setup.held_out, setup.spec.engine.ce_chunk),
+        songs=len(setup.held_out),
+        events=setup.events,
+    )
+    finite = [row["loss"] for row in state.holdout if math.isfinite(row["loss"])]
+    evaluator.best = min(finite, default=math.inf)
+    return evaluator
 
 
 # -- resumable checkpoints -----------------------------------------------------------------------
@@ -765,6 +816,7 @@ def save_state(setup: LmSetup, state: LmTrainState, storage: Storage, key: str) 
         "stop_reason": state.stop_reason,
         "milestones": state.milestones,
         "elapsed_ms": state.elapsed_ms,
+        "holdout": state.holdout,
         "stop_rule": state.stop_rule.state_dict(),
         "tracker": state.tracker.state_dict(),
     }
@@ -802,6 +854,7 @@ def load_state(setup: LmSetup, storage: Storage, key: str) -> LmTrainState:
     state.stop_reason = extra["stop_reason"]
     state.milestones = list(extra["milestones"])
     state.elapsed_ms = float(extra["elapsed_ms"])
+    state.holdout = list(extra.get("holdout", []))
     state.stop_rule.load_state_dict(extra["stop_rule"])
     state.tracker.load_state_dict(extra["tracker"])
     return state
@@ -831,10 +884,11 @@ def export_adapter(setup: LmSetup, key: str) -> list[str]:
 
 @dataclass(frozen=True)
 class LmRunResult:
-    run_key: str
+    run_key: str  # "" when only the extract stage ran
     files: list[str]
     log: dict[str, Any]
     finished: bool
+    calibration: dict[str, Any] | None = None  # after_train.summary when `calibrate` ran
 
 
 def train_log(setup: LmSetup, state: LmTrainState, peak_mb: int = 0) -> dict[str, Any]:
@@ -880,6 +934,8 @@ def train_log(setup: LmSetup, state: LmTrainState, peak_mb: int = 0) -> dict[str
         "vram": {**setup.vram.to_dict(), "peak_mb": peak_mb, "budget_mb": _budget_mb(setup)},
         "total_ms": round(state.elapsed_ms),
     }
+    if setup.holdout is not None:
+        log["holdout"] = {**setup.holdout, "songs": len(setup.held_out), "epochs": state.holdout}
     if state.target_epoch:
         target = next(r for r in state.history if r["epoch"] == state.target_epoch)
         log["target_loss_stop"] = {"epoch": state.target_epoch, "loss": target["loss"]}
@@ -917,6 +973,110 @@ def checkpoint_key(run_key: str) -> str:
     return f"{run_key}/{CHECKPOINT_DIR}"
 
 
+def run_extract(
+    spec: LmTrainSpec, storage: Storage, events: EventLog | None = None
+) -> data.ExtractResult:
+    """The `extract` stage: refresh `spec.codes_key` from the tensor cache it sits in."""
+    tensors_dir, _, name = spec.codes_key.rpartition("/")
+    if name != data.CODES_FILE:
+        raise InputError(f"the extract stage writes {data.CODES_FILE}; codes_key is {name!r}")
+    log = events.log if events is not None else None
+    return data.extract_codes(storage, tensors_dir, overwrite=spec.options.overwrite, log=log)
+
+
+def extract_only_result(extracted: data.ExtractResult) -> LmRunResult:
+    """The result of a job whose only stage was `extract`: no run folder, the codes file."""
+    summary = {k: v for k, v in extracted.__dict__.items() if k != "key"}
+    return LmRunResult("", [extracted.key], {"extract": summary}, True)
+
+
+def options_from_checkpoint(spec: LmTrainSpec, storage: Storage) -> LmTrainSpec:
+    """`spec` with the options the checkpoint in `spec.run_key` was trained with (identity, data
+    split and schedule must match it), keeping this request's stages and calibration choices.
+    The weights come from the checkpoint, so no init adapter is loaded."""
+    key = checkpoint_key(spec.run_key)
+    if not storage.exists(f"{key}/{checkpoint.MANIFEST}"):
+        raise InputError(
+            f"{storage.url_of(spec.run_key)}: no training checkpoint to continue or export "
+            "(a run trained with the export stage has none left: it is already exported)"
+        )
+    saved = checkpoint.read_manifest(storage, key)["config"].get("options") or {}
+    keep = {"stages", "calibrate", "calibrate_repoint"}
+    merged = {k: v for k, v in saved.items() if k not in keep}
+    merged.update({k: getattr(spec.options, k) for k in keep}, init_adapter="")
+    return spec.model_copy(update={"options": TrainLmOptions(**merged)})
+
+
+def _train_and_save(
+    spec: LmTrainSpec,
+    storage: Storage,
+    events: EventLog | None,
+    resume: bool,
+    stop_after_epoch: int,
+) -> LmRunResult:
+    """The train and/or export stages in this process."""
+    stages = spec.options.stages
+    if resume or "train" not in stages:
+        if not spec.run_key:
+            what = "resume" if resume else "the export stage without train"
+            raise InputError(f"{what} needs the run folder (run_key) of the trained run")
+        spec = options_from_checkpoint(spec, storage)
+    setup = setup_lm(spec, storage, events=events)
+    ckpt_key = checkpoint_key(setup.run_key)
+    state = load_state(setup, storage, ckpt_key) if resume or "train" not in stages else None
+    if "train" in stages:
+        every = spec.engine.checkpoint_every
+
+        def keep(setup: LmSetup, state: LmTrainState) -> None:
+            due = every and (state.epoch % every == 0 or state.epoch == stop_after_epoch)
+            if due or state.finished:  # the finished state is what a later export reads
+                save_state(setup, state, storage, ckpt_key)
+
+        state = train_lm(setup, state, stop_after_epoch=stop_after_epoch, on_epoch=keep)
+    assert state is not None
+    if not state.finished:
+        if "train" not in stages:
+            raise InputError(
+                f"{storage.url_of(setup.run_key)} stopped at epoch {state.epoch} before the "
+                "end of training; resume it before exporting"
+            )
+        return LmRunResult(setup.run_key, [], train_log(setup, state), False)
+    result = save_lm(setup, state)
+    if "export" in stages:
+        storage.delete(ckpt_key, recursive=True)
+    return result
+
+
+def calibrate_run(
+    spec: LmTrainSpec,
+    storage: Storage,
+    result: LmRunResult,
+    events: EventLog | None = None,
+    runner: Any = None,
+) -> LmRunResult:
+    """The `calibrate` option: milestones x scales of the exported run, baked into
+    `<run>-calibrated/` (`calibration.after_train`)."""
+    from hotstep_ray.calibration import after_train
+    from hotstep_ray.calibration.ray_calibrate import run_local
+
+    if spec.calibration:  # validate the overrides before anything loads
+        from hotstep_ray.calibration.lm_calibrate import LmCalibrationConfig
+
+        LmCalibrationConfig(**spec.calibration)
+    outcome = after_train.calibrate_after_training(
+        "lm",
+        storage,
+        result.run_key,
+        spec.lm_dir,
+        repoint=spec.options.calibrate_repoint,
+        config=spec.calibration,
+        device=spec.engine.device or None,
+        runner=runner or run_local,
+        events=events,
+    )
+    return replace(result, calibration=after_train.summary(outcome, storage))
+
+
 def run_lm_training(
     spec: LmTrainSpec,
     storage: Storage,
@@ -924,26 +1084,25 @@ def run_lm_training(
     events: EventLog | None = None,
     resume: bool = False,
     stop_after_epoch: int = 0,
+    calibration_runner: Any = None,
 ) -> LmRunResult:
-    """setup -> train -> save in this process. `resume=True` continues the checkpoint in
+    """The stages of `spec.options.stages` in this process (module docstring), then the
+    calibration when `calibrate` is set. `resume=True` continues the checkpoint in
     `spec.run_key`; `stop_after_epoch` interrupts after that epoch (checkpoint kept, nothing
     exported, `finished=False`)."""
+    from hotstep_ray.calibration.after_train import check_calibrate
+
     if resume and not spec.run_key:
         raise InputError("resume needs the run folder (run_key) of the interrupted run")
-    setup = setup_lm(spec, storage, events=events)
-    ckpt_key = checkpoint_key(setup.run_key)
-    state = load_state(setup, storage, ckpt_key) if resume else None
-    every = spec.engine.checkpoint_every
-
-    def keep(setup: LmSetup, state: LmTrainState) -> None:
-        if every and (
-            state.epoch % every == 0 or state.finished or state.epoch == stop_after_epoch
-        ):
-            save_state(setup, state, storage, ckpt_key)
-
-    state = train_lm(setup, state, stop_after_epoch=stop_after_epoch, on_epoch=keep)
-    if not state.finished:
-        return LmRunResult(setup.run_key, [], train_log(setup, state), False)
-    result = save_lm(setup, state)
-    storage.delete(ckpt_key, recursive=True)
-    return result
+    check_calibrate(spec.options)
+    stages = spec.options.stages
+    if "extract" in stages:
+        extracted = run_extract(spec, storage, events)
+        if "train" not in stages and "export" not in stages:
+            return extract_only_result(extracted)
+    result = _train_and_save(spec, storage, events, resume, stop_after_epoch)
+    if not (result.finished and spec.options.calibrate):
+        return result
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the trained model is gone; the base loads again to evaluate
+    return calibrate_run(spec, storage, result, events, calibration_runner)

@@ -19,10 +19,14 @@ mask (SDPA, flex) and the `varlen` attention in `lm_loss` reads the same boundar
 Modes: `single` (one song per step, the seed), `bucket` (B songs of similar length, padded) and
 `pack` (songs first-fit-decreasing into rows of `pack_tokens`). Groups are fixed for the run and
 their order is shuffled per epoch, so every epoch has the same number of optimizer steps.
+
+The trainer's `extract` stage (`extract_codes`) writes `lm_codes.jsonl` from the tensor cache, reusing
+every row whose tensor file is unchanged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -34,6 +38,7 @@ from typing import Any, Literal
 import torch
 from transformers import LogitsProcessor, PreTrainedTokenizerBase
 
+from hotstep_ray.core.errors import InputError
 from hotstep_ray.models import lm_tokenizer, prompts
 
 CODES_FILE = "lm_codes.jsonl"
@@ -208,6 +213,102 @@ def write_lm_codes(path: str | Path, songs: Sequence[LmSong]) -> Path:
     text = "".join(json.dumps(song_row(s), ensure_ascii=False) + "\n" for s in songs)
     path.write_text(text, encoding="utf-8")
     return path
+
+
+# -- the extract stage: lm_codes.jsonl from the tensor cache -------------------------------------
+META_FILE = "preprocess_meta.json"
+# Row fields that say which file (and which tokenizer) the codes came from (HOT-Step's reuse rule):
+# a row is reused iff all four still match the sample's tensor file.
+STAMP_FIELDS = ("_id", "_st_bytes", "_st_mtime_ms", "_tok")
+
+
+@dataclass
+class ExtractResult:
+    key: str  # the lm_codes.jsonl written or kept
+    source: Literal["cache", "codes"]  # rebuilt from the tensor files | used as it was
+    written: int = 0  # rows (re)read from their tensor file
+    reused: int = 0  # rows kept because their stamps still match
+    failed: list[str] = field(default_factory=list)  # "sample: reason"
+    changed: bool = False  # the file was rewritten
+
+
+def _stamps(storage: Any, key: str, sample_id: str, tokenizer_id: str) -> dict[str, Any]:
+    return {
+        "_id": sample_id,
+        "_st_bytes": storage.size(key),
+        "_st_mtime_ms": storage.mtime_ns(key) // 1_000_000,
+        "_tok": tokenizer_id,
+    }
+
+
+def extract_codes(
+    storage: Any, tensors_dir: str, *, overwrite: bool = False, log: Any = None
+) -> ExtractResult:
+    """The `extract` stage: `<tensors_dir>/lm_codes.jsonl`, one row per good sample of
+    `preprocess_meta.json` in its order, from each sample's tensor file (`audio_codes`, the 5 Hz
+    FSQ codes preprocessing stored, and the LM prompt fields in its header). A row already in the
+    file is reused iff its `STAMP_FIELDS` match the file now (`_tok` = the preprocess model
+    fingerprint, i.e. which tokenizer made the codes); `overwrite` re-reads every file. Without
+    a `preprocess_meta.json` an existing lm_codes.jsonl is used as it is. `log(message, level)`
+    hears about failures and the totals."""
+    from hotstep_ray.preprocess.cache import CODE_LINE_FIELDS, read_sample
+
+    key = f"{tensors_dir}/{CODES_FILE}"
+    say = log or (lambda message, level="info": None)
+    if not storage.exists(f"{tensors_dir}/{META_FILE}"):
+        if storage.exists(key):
+            say(f"extract: no {META_FILE} in {storage.url_of(tensors_dir)}; using {CODES_FILE}")
+            return ExtractResult(key, "codes")
+        raise InputError(
+            f"{storage.url_of(tensors_dir)}: neither {META_FILE} nor {CODES_FILE} (run preprocess)"
+        )
+    meta = storage.read_json(f"{tensors_dir}/{META_FILE}")
+    tokenizer_id = str(meta.get("model_fingerprint") or meta.get("model_variant") or "")
+    old: dict[str, dict[str, Any]] = {}
+    if storage.exists(key) and not overwrite:
+        for line in storage.read_text(key).splitlines():
+            with contextlib.suppress(ValueError, TypeError):
+                row = json.loads(line)
+                if isinstance(row, dict) and "_id" in row:  # preprocess's rows carry no _id
+                    old[str(row["_id"])] = row
+    result = ExtractResult(key, "cache")
+    lines = []
+    for entry in meta.get("samples") or []:
+        if not entry.get("ok") or not entry.get("file"):
+            continue
+        sample_id, file_key = str(entry["sample_id"]), f"{tensors_dir}/{entry['file']}"
+        if not storage.exists(file_key):
+            result.failed.append(f"{sample_id}: {entry['file']} missing")
+            continue
+        stamps = _stamps(storage, file_key, sample_id, tokenizer_id)
+        previous = old.get(sample_id)
+        if previous is not None and all(previous.get(k) == stamps[k] for k in STAMP_FIELDS):
+            lines.append(json.dumps(previous, ensure_ascii=False))
+            result.reused += 1
+            continue
+        try:
+            tensors, header = read_sample(storage, file_key)
+            codes = tensors["audio_codes"].reshape(-1).tolist()
+        except Exception as exc:  # a damaged file is reported, the others still extract
+            result.failed.append(f"{sample_id}: {type(exc).__name__}: {exc}")
+            continue
+        row = {"sample_id": sample_id, "file": entry["file"], "codes": codes}
+        row.update({name: header.get(name) for name in CODE_LINE_FIELDS})
+        lines.append(json.dumps({**row, **stamps}, ensure_ascii=False))
+        result.written += 1
+    for failure in result.failed:
+        say(f"extract: skipped {failure}", "warn")
+    if not lines:
+        raise InputError(f"{storage.url_of(tensors_dir)}: no sample gave codes to extract")
+    text = "".join(f"{line}\n" for line in lines)
+    if not storage.exists(key) or storage.read_text(key) != text:
+        storage.write_text(key, text)
+        result.changed = True
+    say(
+        f"extract: {len(lines)} songs in {storage.url_of(key)} "
+        f"({result.written} read from tensor files, {result.reused} reused)"
+    )
+    return result
 
 
 def synthetic_songs(count: int, codes_per_song: int | Sequence[int], seed: int = 0) -> list[LmSong]:
@@ -413,6 +514,8 @@ class DataPlan:
     trigger: str = ""  # the run's trigger (for the adapter's metadata)
     trigger_position: str = "prepend"
     max_len_source: str = ""  # user | auto (fits the GPU) | cap
+    held_out: list[LmExample] = field(default_factory=list)  # holdout songs, one example each
+    holdout: dict[str, Any] | None = None  # the split, when songs are held out
 
 
 def common_trigger(songs: Sequence[LmSong], render: RenderOptions) -> tuple[str, str]:

@@ -273,7 +273,7 @@ def build_optimizer(
     muon_nesterov: bool = True,
     muon_adjust_lr: MuonAdjustLr = "original",
     muon_ns_dtype: torch.dtype = torch.float32,
-    muon_bucket_size: int | None = 16,
+    muon_bucket_size: int | None | Literal["auto"] = "auto",
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
 ) -> HybridOptimizer:
@@ -286,6 +286,9 @@ def build_optimizer(
             continue
         use_muon = kind == "muon" and is_muon_param(param, muon_min_dim)
         (muon_named if use_muon else adamw_named).append((name, param))
+    on_cuda = any(p.is_cuda for _, p in muon_named + adamw_named)
+    if muon_bucket_size == "auto":
+        muon_bucket_size = None if on_cuda else 16
     muon = None
     if muon_named:
         muon_lr = lr * muon_lr_scale
@@ -308,6 +311,7 @@ def build_optimizer(
             betas=betas,
             eps=eps,
             weight_decay=weight_decay,
+            fused=on_cuda or None,
         )
     if muon is None and adamw is None:
         raise ValueError("no trainable parameters to optimise")

@@ -18,6 +18,11 @@ Fault tolerance. Checkpoints (`training/checkpoint.py` files) go through `ray.tr
 killed worker's group is restarted and continues from the newest reported checkpoint, drawing the
 very same crops/timesteps/noise it would have (the data streams are seeded per step).
 
+Calibration. With `options.calibrate` the driver, once the job is done, evaluates the run's
+adapter and milestones x scales (latent Fréchet against the tensor cache) on Ray actors (one per
+worker, a GPU each when the cluster has GPUs) and bakes `<run>-calibrated/`
+(`calibration.after_train`); a job that asks for it without the export stage is refused up front.
+
 Tests run all of this on CPUs: `use_gpu=False, resources_per_worker={"CPU": 1, "VRAM_GB": n}`.
 """
 
@@ -104,6 +109,7 @@ class RayDitResult:
     metrics: dict[str, Any]
     checkpoint_path: str | None
     log: dict[str, Any]
+    calibration: dict[str, Any] | None = None  # after_train.summary when `calibrate` ran
 
 
 def train_dit_on_ray(
@@ -118,16 +124,22 @@ def train_dit_on_ray(
     max_failures: int = 2,
     job_id: str | None = None,
     fail_at_step: int | None = None,
+    events: EventLog | None = None,
+    calibration: dict[str, Any] | None = None,
 ) -> RayDitResult:
     """Run DiT training as a Ray Train job on the connected cluster (call `ensure_ray` first).
 
     `vram_gb` overrides the predicted per-worker request; `fail_at_step` (tests, drills) makes
     rank 0 exit hard once the first checkpoint at or after that step is registered (first
-    attempt only)."""
+    attempt only). `calibration`: `DitCalibrationConfig` overrides; `events` (driver side) default
+    to the job's events.jsonl when `job_id` is given."""
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from hotstep_ray.calibration.after_train import check_calibrate
+
+    check_calibrate(options)
     settings = settings or dit.DitSettings()
     predicted, folder = vram_request_gb(options, settings, storage, dataset)
     vram_gb = predicted if vram_gb is None else vram_gb
@@ -168,7 +180,7 @@ def train_dit_on_ray(
     )
     result = trainer.fit()
     log_key = f"{run_key}/{dit.LOG_FILE}"
-    return RayDitResult(
+    done = RayDitResult(
         run_key=run_key,
         run_name=run_name,
         vram_gb=vram_gb,
@@ -176,6 +188,40 @@ def train_dit_on_ray(
         checkpoint_path=None if result.checkpoint is None else result.checkpoint.path,
         log=storage.read_json(log_key) if storage.exists(log_key) else {},
     )
+    if options.calibrate:
+        if events is None and job_id:
+            events = EventLog(jsonl_sink(storage, layout.job_events(job_id)))
+        done.calibration = calibrate_dit_run(
+            options, storage, run_key, folder, events, calibration, num_workers
+        )
+    return done
+
+
+def calibrate_dit_run(
+    options: TrainDitOptions,
+    storage: Storage,
+    run_key: str,
+    dit_folder: str | Path,
+    events: EventLog | None = None,
+    calibration: dict[str, Any] | None = None,
+    actors: int = 0,
+) -> dict[str, Any]:
+    """The `calibrate` option for a finished DiT run (`calibration.after_train`): on `actors`
+    Ray actors, or in this process when 0. Returns the calibration summary."""
+    from hotstep_ray.calibration import after_train
+    from hotstep_ray.calibration.ray_calibrate import make_runner
+
+    outcome = after_train.calibrate_after_training(
+        "dit",
+        storage,
+        run_key,
+        dit_folder,
+        repoint=options.calibrate_repoint,
+        config=calibration,
+        runner=make_runner(actors > 0, actors=max(1, actors)),
+        events=events,
+    )
+    return after_train.summary(outcome, storage)
 
 
 # =============================================================================== worker

@@ -8,6 +8,11 @@ rank takes every world-th micro-batch group), resume from `ray.train.get_checkpo
 restarted it, report each epoch's metrics (and every `checkpoint_every` epochs a checkpoint) with
 `ray.train.report`; rank 0 exports the adapter and writes `lm_train_log.json` into the run folder
 of the storage root, and appends the run's events to `spec.events_key` when given.
+Stages: `extract` runs in the driver before the job is sized; without `train` nothing needs a
+worker, so the stages run in the driver (`lm.run_lm_training`); `train` without `export` leaves
+the final state in `<run>/checkpoint/` for a later export. `calibrate`: after the job, the driver
+evaluates milestones x scales on Ray actors (one per worker, a GPU each when the cluster has GPUs)
+and bakes `<run>-calibrated/`; its events go to `events` or `spec.events_key`.
 """
 
 from __future__ import annotations
@@ -90,6 +95,8 @@ def _train_loop(config: dict[str, Any]) -> None:
     state = lm.train_lm(setup, state, on_epoch=report)
     if rank == 0:
         lm.save_lm(setup, state)
+        if "export" not in setup.options.stages:  # what a later export stage reads
+            lm.save_state(setup, state, storage, lm.checkpoint_key(setup.run_key))
         storage.delete(marker)
 
 
@@ -103,16 +110,35 @@ def run_lm_on_ray(
     ray_address: str | None = None,
     storage_path: str = "",
     fail_after_epoch: int = 0,
+    events: EventLog | None = None,
 ) -> lm.LmRunResult:
-    """Train on Ray and return what rank 0 wrote (run folder, files, the training log).
-    `use_gpu=None` uses GPUs when the cluster has any."""
+    """Train on Ray and return what rank 0 wrote (run folder, files, the training log; the
+    calibration summary with `calibrate`). `use_gpu=None` uses GPUs when the cluster has any;
+    `events` (driver side: extract, calibration) defaults to appending to `spec.events_key`."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    from hotstep_ray.calibration.after_train import check_calibrate
+    from hotstep_ray.calibration.ray_calibrate import make_runner
     from hotstep_ray.core import layout
     from hotstep_ray.distributed.runtime import ensure_ray
 
+    check_calibrate(spec.options)
+    if events is None and spec.events_key:
+        events = EventLog(jsonl_sink(storage, spec.events_key))
     ray = ensure_ray(ray_address)
+    runner = make_runner(True, actors=num_workers, address=ray_address)
+    stages = spec.options.stages
+    if "extract" in stages:
+        extracted = lm.run_extract(spec, storage, events)
+        stages = [s for s in stages if s != "extract"]
+        if not stages:
+            return lm.extract_only_result(extracted)
+        spec = spec.model_copy(
+            update={"options": spec.options.model_copy(update={"stages": stages})}
+        )
+    if "train" not in stages:  # export only: no worker needed
+        return lm.run_lm_training(spec, storage, events=events, calibration_runner=runner)
     cluster = ray.cluster_resources()
     if use_gpu is None:
         use_gpu = cluster.get("GPU", 0) > 0
@@ -153,4 +179,7 @@ def run_lm_on_ray(
         raise result.error
     log = storage.read_json(f"{spec.run_key}/{lm.LOG_FILE}")
     files = [k for k in storage.list(spec.run_key) if not storage.is_dir(k)]
-    return lm.LmRunResult(spec.run_key, files, log, finished=True)
+    done = lm.LmRunResult(spec.run_key, files, log, finished=True)
+    if spec.options.calibrate:
+        done = lm.calibrate_run(spec, storage, done, events, runner)
+    return done

@@ -15,6 +15,7 @@ from test_dit_support import (  # noqa: F401  (fixtures)
     write_cache,
 )
 
+from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog, MetricEvent
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.models.acestep_dit import load_acestep_dit
@@ -223,3 +224,48 @@ def test_latest_adapter_of_the_artist_warm_starts_the_next_run(
     assert second.run_key != first.run_key
     for key, value in adapters.adapter_state_dict(second.transformer).items():
         assert torch.equal(value, trained[key].bfloat16().float()), key  # the BF16 export
+
+
+def test_compile_mode_resolution() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert dit.compile_mode("auto", cpu) == "off"
+    assert dit.compile_mode("auto", cuda) == "default"
+    assert dit.compile_mode("reduce-overhead", cuda) == "reduce-overhead"
+    assert dit.compile_mode("off", cpu) == "off"
+    with pytest.raises(InputError, match="needs a CUDA device"):
+        dit.compile_mode("default", cpu)
+    with pytest.raises(InputError, match="max-autotune"):
+        dit.compile_mode("max-autotune", cuda)
+
+
+@pytest.mark.slow
+def test_captured_blocks_give_the_eager_gradients(storage, tiny_dit_dir, single_thread) -> None:
+    """The compiled-block path of the GPU default, captured by dynamo + AOTAutograd (the CPU
+    cannot run Inductor's code for it, see `dit.compile_mode`): with the key-mask processor,
+    LoRA layers and the recompiles per layer kind, the loss and every adapter gradient equal
+    the eager blocks'."""
+    options = fast_options(epochs=2, batch=2, grad_accum=1)
+    runs = [dit.setup(options, storage, SLUG, settings(tiny_dit_dir)) for _ in range(2)]
+    dit.compile_blocks(runs[1].transformer, "default", backend="aot_eager")
+    assert all(block._compiled_call_impl is not None for block in runs[1].transformer.layers)
+    # one starting adapter for both, with B != 0 so every LoRA factor gets a gradient
+    generator = torch.Generator().manual_seed(7)
+    start = {
+        key: 0.05 * torch.randn(value.shape, generator=generator)
+        for key, value in adapters.adapter_state_dict(runs[0].transformer).items()
+    }
+    losses, grads = [], []
+    for run in runs:
+        adapters.load_adapter_state(run.transformer, start)
+        window = dit.epoch_windows(run, 1)[0]
+        draws = dit.draw_window(run, window, 0)
+        out = dit.micro_batch_loss(
+            run, draws.crops[0], draws.t[0], draws.cfg_drop[0], draws.weights[0], (1, 0)
+        )
+        out.loss.backward()
+        losses.append(out.loss.item())
+        grads.append([p.grad.clone() for p in run.params])
+        run.optimizer.zero_grad(set_to_none=True)
+    assert losses[1] == pytest.approx(losses[0], rel=1e-6)
+    for eager, compiled in zip(*grads, strict=True):
+        assert ((compiled - eager).norm() / eager.norm()).item() < 1e-5

@@ -210,6 +210,11 @@ def test_bucket_size_is_validated_and_defaults_to_16():
     param = torch.nn.Parameter(torch.randn(16, 16))
     assert optim.Muon([param]).bucket_size == 16
     assert optim.build_optimizer([("w", param)], muon_bucket_size=None).muon.bucket_size is None
+    # "auto" (the default): cache-sized buckets and torch's foreach AdamW on the CPU; one bucket
+    # per shape and the fused AdamW kernel only when the parameters live on a GPU
+    auto = optim.build_optimizer([("w", param), ("v", torch.nn.Parameter(torch.randn(3)))])
+    assert auto.muon.bucket_size == 16
+    assert not auto.adamw.defaults["fused"]
     with pytest.raises(ValueError, match="bucket_size"):
         optim.Muon([param], bucket_size=0)
 

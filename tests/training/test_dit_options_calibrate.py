@@ -1,0 +1,114 @@
+"""DiT trainer options of issue 12 on the tiny DiT: hold-out loss as `eval` events, `latest`
+never resuming from a `-calibrated` folder, and `--calibrate` from the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_dit_support import (  # noqa: F401  (fixtures)
+    SLUG,
+    fast_options,
+    read_log,
+    single_thread_fixture,
+    tiny_dit_dir_fixture,
+    write_cache,
+)
+from typer.testing import CliRunner
+
+from hotstep_ray.calibration import bake
+from hotstep_ray.core.errors import InputError
+from hotstep_ray.core.events import EventLog, MetricEvent
+from hotstep_ray.core.storage import Storage
+from hotstep_ray.training import adapters, dit, lm_data
+
+SIX = (40, 48, 56, 64, 72, 80)
+
+
+def settings(tiny_dit_dir) -> dit.DitSettings:
+    return dit.DitSettings(
+        checkpoints_dir=str(tiny_dit_dir), export_interval_s=0.0, step_event_interval_s=0.0
+    )
+
+
+def test_holdout_loss_per_epoch_as_eval_events(tmp_path, tiny_dit_dir, single_thread) -> None:
+    storage = Storage(tmp_path)
+    write_cache(storage, frames=SIX, condition_lengths=(8,) * 6)
+    events: list = []
+    options = fast_options(epochs=2, holdout_fraction=0.34)
+    run = dit.setup(options, storage, SLUG, settings(tiny_dit_dir), EventLog(events.append))
+    assert len(run.cache.songs) == 4  # two songs never reach the training batches
+    dit.train(run)
+    evals = [e for e in events if isinstance(e, MetricEvent) and e.metric == "eval"]
+    assert [e.epoch for e in evals] == [1, 2]
+    assert all(e.model_extra["split"] == "holdout" and e.model_extra["songs"] == 2 for e in evals)
+    log = read_log(storage, run.run_key)
+    assert len(log["holdout"]["held_out"]) == 2 and len(log["holdout"]["train"]) == 4
+    assert [r["loss"] for r in log["holdout"]["epochs"]] == [e.loss for e in evals]
+    assert all(r["loss"] > 0 for r in log["holdout"]["epochs"])
+    three = Storage(tmp_path / "three")
+    write_cache(three)
+    with pytest.raises(InputError, match="at least 6 songs"):
+        dit.setup(fast_options(holdout_fraction=0.3), three, SLUG, settings(tiny_dit_dir))
+
+
+def test_latest_never_resumes_from_a_calibrated_folder(
+    tmp_path, tiny_dit_dir, single_thread
+) -> None:
+    storage = Storage(tmp_path)
+    write_cache(storage)
+    first = dit.setup(
+        fast_options(epochs=1, learning_rate=0.1), storage, SLUG, settings(tiny_dit_dir)
+    )
+    dit.train(first)
+    trained = adapters.adapter_state_dict(first.transformer)
+    # a calibrated folder with weights sorts after the run: what the artist now resolves to
+    bake.bake_adapter(storage, first.run_key, f"{first.run_key}-calibrated", 3.0)
+    second = dit.setup(fast_options(init_adapter="latest"), storage, SLUG, settings(tiny_dit_dir))
+    for key, value in adapters.adapter_state_dict(second.transformer).items():
+        assert torch.equal(value, trained[key].bfloat16().float()), key  # the run, not x3
+
+
+@pytest.fixture(scope="module")
+def full_tree(tmp_path_factory):
+    """A checkpoints folder the DiT audition can load: the tiny turbo DiT, VAE, text encoder."""
+    from hotstep_ray.models import tiny_tree
+    from hotstep_ray.models.tiny_dit import write_tiny_dit
+
+    root = tmp_path_factory.mktemp("dit-calib-tree")
+    write_tiny_dit(root / tiny_tree.DIT_DIR, variant="turbo", seed=0)
+    tiny_tree.write_tiny_vae(root / tiny_tree.VAE_DIR, 1)
+    tiny_tree.write_tiny_text_encoder(root / tiny_tree.TEXT_ENCODER_DIR, 2)
+    return root
+
+
+def test_cli_calibrates_the_trained_run(tmp_path, full_tree, single_thread) -> None:
+    from hotstep_ray.cli.train_dit_cmd import app
+    from hotstep_ray.models import tiny_tree
+
+    storage = Storage(tmp_path / "data")
+    cache = write_cache(storage)
+    lm_data.write_lm_codes(
+        storage.local_path(f"{cache}/lm_codes.jsonl"), lm_data.synthetic_songs(3, 4)
+    )
+    args = ["run", SLUG, "--data", storage.url, "--checkpoints", str(full_tree), "--no-ray"]
+    args += ["--dit", str(full_tree / tiny_tree.DIT_DIR), "--variant", "turbo", "--json"]
+    args += ["--adapter-type", "lora", "--rank", "4", "--alpha", "8", "--epochs", "2"]
+    args += ["--crop-frames", "48", "--init-adapter", "", "--optimizer", "adamw"]
+    args += ["--milestone-step", "0", "--artist", "cal", "--calibrate", "--no-calibrate-repoint"]
+    args += ["--calibrate-scales", "0.5,1", "--calibrate-seeds", "1", "--calibrate-duration", "1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output[result.output.index("{") :])
+    run_key = storage.key_of(summary["run"])
+    calibrated = f"{run_key}-calibrated"
+    assert summary["calibration"]["folder"] == calibrated
+    report = storage.read_json(f"{calibrated}/{bake.EVAL_FILE}")
+    assert report["kind"] == "dit" and report["repoint"] is False
+    assert [row["scale"] for row in report["grid"]] == [0.5, 1.0]
+    assert report["dataset"]["tensors"] == cache and report["dataset"]["frames"] == 194
+    assert report["winner"] is not None and storage.exists(f"{calibrated}/baked")
+    assert not storage.exists(f"{calibrated}/adapter_model.safetensors")  # no repoint
+    refused = CliRunner().invoke(app, [*args, "--stages", "train"])
+    assert refused.exit_code == 2 and "export stage" in refused.output
