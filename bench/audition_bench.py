@@ -13,12 +13,15 @@ Sections (each in its own try/except; the JSON is rewritten after every row):
                 base and with a random LoRA r16 adapter (q,k,v,o,gate,up,down)
   lm-load       8 and 32 concurrent clients on one planner, 30 s songs: p50/p99
 
-  device (three commands, each well under 10 min):
-    python bench/audition_bench.py --sections decode,decode-load --out $OUT/audition_decode.json
-    python bench/audition_bench.py --sections decode --vae-configs compiled,compiled-b2 \
-        --repeat 5 --out $OUT/audition_decode_compiled.json   (torch.compile: one compile per shape)
-    python bench/audition_bench.py --sections lm,lm-load --out $OUT/audition_lm.json
-  CPU dry:  python bench/audition_bench.py --tiny --device cpu --out /tmp/audition_bench.json
+VAE configs "old*" are the plain diffusers path (weight norm folded, nothing else); "fast*" the
+`oobleck_fast` path (fused Snake, CUDA graphs per window shape, ...), each on a fresh VAE of the
+same weights (the fast path prepares its VAE in place), so old and fast rows compare directly
+and each row records `max_abs_diff_vs_first_config` against the first config's audio.
+
+  device, quick (~4 min; old vs fast decode, then the LM graph engine vs eager on 30 s):
+    python bench/audition_bench.py --quick --budget-s 500 --out $OUT/audition_quick.json
+  device, full decode sweep:  --sections decode --vae-configs old,fast,fast-nhwc,fast-t1024,...
+  CPU dry:  python bench/audition_bench.py --tiny --device cpu --quick --out /tmp/ab.json
 """
 
 from __future__ import annotations
@@ -51,13 +54,26 @@ from hotstep_ray.models.acestep_dit import resolve_device_dtype  # noqa: E402
 GIB = 1024**3
 SECTIONS = ("decode", "decode-load", "lm", "lm-load")
 # Tiling / compile configurations of the VAE decode (TiledVaeDecoder keyword arguments).
+_OLD = {"tile_frames": 768, "overlap_frames": 32, "tile_batch": 1, "fast": False}
+_FAST = {"tile_frames": 768, "overlap_frames": 16, "tile_batch": 1, "fast": True}
 VAE_CONFIGS: dict[str, dict[str, Any]] = {
-    "default": {"tile_frames": 768, "overlap_frames": 32, "tile_batch": 1},
-    "batch2": {"tile_frames": 768, "overlap_frames": 32, "tile_batch": 2},
-    "small-tiles-b4": {"tile_frames": 384, "overlap_frames": 16, "tile_batch": 4},
-    "compiled": {"tile_frames": 768, "overlap_frames": 32, "tile_batch": 1, "compile": True},
-    "compiled-b2": {"tile_frames": 768, "overlap_frames": 32, "tile_batch": 2, "compile": True},
+    "old": _OLD,
+    "old-b2": {**_OLD, "tile_batch": 2},
+    "old-compiled": {**_OLD, "compile": True},
+    "fast": _FAST,  # Triton Snake, ncw convs, CUDA graphs
+    "fast-nhwc": {**_FAST, "fast_options": {"layout": "nhwc"}},
+    "fast-nographs": {**_FAST, "fast_options": {"cuda_graphs": False}},
+    "fast-torchsnake": {**_FAST, "fast_options": {"snake": "torch"}},
+    "fast-compile": {**_FAST, "compile": True},
+    "fast-compile-nhwc": {**_FAST, "compile": True, "fast_options": {"layout": "nhwc"}},
+    "fast-t1024": {**_FAST, "tile_frames": 1024},
+    "fast-t512-b2": {**_FAST, "tile_frames": 512, "tile_batch": 2},
+    "fast-nhwc-t1024": {**_FAST, "tile_frames": 1024, "fast_options": {"layout": "nhwc"}},
 }
+# Old names of earlier runs, kept so their commands still work.
+VAE_CONFIGS["default"] = VAE_CONFIGS["old"]
+VAE_CONFIGS["batch2"] = VAE_CONFIGS["old-b2"]
+VAE_CONFIGS["compiled"] = VAE_CONFIGS["old-compiled"]
 PIN = {"bpm": 120, "keyscale": "C major", "timesignature": "4", "language": "en"}
 CAPTION = "driving synthwave, analog bass, gated drums, airy female vocal"
 LYRICS = "[verse]\nneon on the water, engines in the rain\n[chorus]\nwe ride until the dawn"
@@ -115,7 +131,8 @@ def _param_gib(*modules: torch.nn.Module) -> float:
 
 
 def build_decoder_parts(args, device, dtype):
-    """(quantizer, detokenizer, vae) at full size (or from the tiny tree with --tiny)."""
+    """(quantizer, detokenizer, make_vae) at full size (or from the tiny tree with --tiny);
+    make_vae() builds a fresh VAE with the same weights each call."""
     if args.tiny:
         from hotstep_ray.audition.checkpoints import load_codes_parts
         from hotstep_ray.models.text_models import load_vae
@@ -123,7 +140,7 @@ def build_decoder_parts(args, device, dtype):
         quantizer, detokenizer = load_codes_parts(
             args.tiny_tree / "acestep-v15-turbo", device, dtype
         )
-        return quantizer, detokenizer, load_vae(args.tiny_tree / "vae", device, dtype)
+        return quantizer, detokenizer, lambda: load_vae(args.tiny_tree / "vae", device, dtype)
     from hotstep_ray.models import full_configs as fc
 
     models = fc.build_dit(fc.dit_config("2b"), device, dtype, silence_frames=64)
@@ -132,7 +149,43 @@ def build_decoder_parts(args, device, dtype):
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return quantizer, detokenizer, fc.build_vae(device=device, dtype=dtype)
+    return quantizer, detokenizer, lambda: fc.build_vae(device=device, dtype=dtype, seed=0)
+
+
+def make_decoder(parts, config: str) -> CodesDecoder:
+    """A CodesDecoder with a fresh VAE and the named tiling / fast-path options."""
+    from hotstep_ray.models.oobleck_fast import OobleckFastOptions
+
+    quantizer, detokenizer, make_vae = parts
+    options = dict(VAE_CONFIGS[config])
+    if "fast_options" in options:
+        options["fast_options"] = OobleckFastOptions(**options["fast_options"])
+    return CodesDecoder(quantizer, detokenizer, make_vae(), **options)
+
+
+def profile_decode(decoder: CodesDecoder, codes: list[int], top: int = 15) -> list[dict]:
+    """The `top` kernels of one warm decode by device time (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if decoder.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        decoder.decode_tensor(codes)
+    rows = []
+    for event in prof.key_averages():
+        device_us = getattr(event, "device_time_total", 0) or getattr(event, "cuda_time_total", 0)
+        if device_us or decoder.device.type != "cuda":
+            rows.append(
+                {
+                    "name": event.key[:120],
+                    "calls": event.count,
+                    "device_ms": round(device_us / 1000, 3),
+                    "cpu_ms": round(event.cpu_time_total / 1000, 3),
+                }
+            )
+    key = "device_ms" if decoder.device.type == "cuda" else "cpu_ms"
+    return sorted(rows, key=lambda r: -r[key])[:top]
 
 
 def build_lm(args, device, dtype):
@@ -170,16 +223,21 @@ def random_lora(lm: torch.nn.Module, rank: int = 16) -> LoadedLm:
 
 
 def bench_decode(args, device, dtype, record: Callable[[dict], None], parts) -> None:
-    quantizer, detokenizer, vae = parts
-    weights = _param_gib(quantizer, detokenizer, vae)
+    reference: dict[float, torch.Tensor] = {}  # seconds -> the first config's audio (CPU)
     for name in args.vae_configs:
-        decoder = CodesDecoder(quantizer, detokenizer, vae, **VAE_CONFIGS[name])
+        if args.out_of_time():
+            record({"section": "decode", "config": name, "skipped": "time budget"})
+            continue
+        decoder = make_decoder(parts, name)
+        weights = _param_gib(decoder.quantizer, decoder.detokenizer, decoder.vae.vae)
         for seconds in args.decode_seconds:
             codes = _codes(seconds, seed=int(seconds))
             row: dict[str, Any] = {
                 "section": "decode",
                 "config": name,
+                "path": "fast" if VAE_CONFIGS[name].get("fast") else "old",
                 "tiling": VAE_CONFIGS[name],
+                "vae": decoder.vae.describe(),
                 "seconds": seconds,
                 "codes": len(codes),
                 "weights_gib": weights,
@@ -204,9 +262,21 @@ def bench_decode(args, device, dtype, record: Callable[[dict], None], parts) -> 
             row["wav_bytes"] = len(result.audio)
             row["memory"] = _mem(device)
             row["realtime_x"] = round(seconds / (statistics.median(total_ms) / 1000), 1)
+            audio = decoder.decode_tensor(codes).cpu()
+            if seconds in reference:
+                row["max_abs_diff_vs_first_config"] = round(
+                    float((audio - reference[seconds]).abs().max()), 5
+                )
+            else:
+                reference[seconds] = audio
+                row["reference_for_diffs"] = True
+            if args.profile and seconds == max(args.decode_seconds):
+                row["top_kernels"] = profile_decode(decoder, codes)
             record(row)
         del decoder
         gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def _load(fn: Callable[[int], float], clients: int, requests_per_client: int) -> dict[str, Any]:
@@ -234,7 +304,10 @@ def _load(fn: Callable[[int], float], clients: int, requests_per_client: int) ->
 
 
 def bench_decode_load(args, device, dtype, record, parts) -> None:
-    decoder = CodesDecoder(*parts, **VAE_CONFIGS[args.load_vae_config])
+    if args.out_of_time():
+        record({"section": "decode-load", "skipped": "time budget"})
+        return
+    decoder = make_decoder(parts, args.load_vae_config)
     clips = [_codes(args.load_seconds, seed=i) for i in range(8)]
     decoder.decode(clips[0])
 
@@ -260,11 +333,16 @@ def _lm_request(seconds: float, seed: int, adapter: str = "") -> LmRequest:
 
 def bench_lm(args, device, dtype, record, lm_parts) -> None:
     lm, tokenizer, size = lm_parts
-    lora = random_lora(lm)
+    adapters = [None, random_lora(lm)] if args.lm_adapter else [None]
     for mode in args.decode_modes:
         planner = PlannerLM(lm, tokenizer, lm_size=size, decode_mode=mode)
-        for adapter in (None, lora):
+        for adapter in adapters:
             for seconds in args.lm_seconds:
+                if mode == "eager" and seconds > args.eager_max_seconds:
+                    continue  # eager is the slow reference: its long rows cost minutes
+                if args.out_of_time():
+                    record({"section": "lm", "decode_mode": mode, "skipped": "time budget"})
+                    continue
                 request = _lm_request(seconds, seed=1)
                 row: dict[str, Any] = {
                     "section": "lm",
@@ -286,6 +364,7 @@ def bench_lm(args, device, dtype, record, lm_parts) -> None:
                     rates.append(result.codes_per_s)
                 row["latency"] = _stats(ms)
                 row["codes_per_s_median"] = round(statistics.median(rates), 1)
+                row["same_codes_as_eager"] = _same_as_eager(args, planner, lm_parts, seconds)
                 row["engines_used"] = sorted(
                     {s.mode for s in (adapter or planner.base).steppers.values()}
                 )
@@ -295,7 +374,21 @@ def bench_lm(args, device, dtype, record, lm_parts) -> None:
         gc.collect()
 
 
+def _same_as_eager(args, planner: PlannerLM, lm_parts, seconds: float) -> bool | None:
+    """Whether this engine's codes equal eager's for one seeded 10 s request (greedy, so only
+    real divergence, not a near-tie, shows). None for the eager engine itself."""
+    if planner.decode_mode == "eager" or not args.check_eager:
+        return None
+    lm, tokenizer, size = lm_parts
+    eager = PlannerLM(lm, tokenizer, lm_size=size, decode_mode="eager")
+    request = _lm_request(10, seed=7).model_copy(update={"temperature": 0.0})
+    return eager.generate(request).codes == planner.generate(request).codes
+
+
 def bench_lm_load(args, device, dtype, record, lm_parts) -> None:
+    if args.out_of_time():
+        record({"section": "lm-load", "skipped": "time budget"})
+        return
     lm, tokenizer, size = lm_parts
     planner = PlannerLM(lm, tokenizer, lm_size=size, decode_mode=args.load_decode_mode)
     planner.generate(_lm_request(args.load_seconds, seed=0))
@@ -330,21 +423,39 @@ def main() -> int:
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--sections", default=",".join(SECTIONS))
-    parser.add_argument("--vae-configs", default="default,batch2,small-tiles-b4")
+    parser.add_argument("--vae-configs", default="old,fast,fast-nhwc,fast-nographs")
     parser.add_argument("--decode-seconds", default="30,240")
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--lm-size", default="1.7B")
-    parser.add_argument("--decode-modes", default="eager,graph")
+    parser.add_argument("--decode-modes", default="graph,eager")
+    parser.add_argument("--eager-max-seconds", type=float, default=30.0, help="longer: skipped")
+    parser.add_argument("--lm-adapter", action="store_true", help="also time a random LoRA")
+    parser.add_argument("--no-check-eager", dest="check_eager", action="store_false")
+    parser.add_argument("--profile", action="store_true", help="top kernels of the long decode")
+    parser.add_argument("--budget-s", type=float, default=0, help="skip rows after this (0: off)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="old vs fast decode (30/240 s, 5 repeats) and the LM graph vs eager on 30 s",
+    )
     parser.add_argument("--lm-seconds", default="30,240")
     parser.add_argument("--lm-repeat", type=int, default=3)
     parser.add_argument("--clients", default="8,32")
     parser.add_argument("--requests-per-client", type=int, default=4)
     parser.add_argument("--load-seconds", type=float, default=30.0)
-    parser.add_argument("--load-vae-config", default="default")
+    parser.add_argument("--load-vae-config", default="fast")
     parser.add_argument("--load-decode-mode", default="graph")
     parser.add_argument("--tiny", action="store_true", help="tiny checkpoints (CPU dry run)")
     args = parser.parse_args()
+    if args.quick:  # only what the user left at its default changes
+        quick = {"sections": "decode,lm", "repeat": 5, "lm_repeat": 2, "lm_seconds": "30"}
+        quick["vae_configs"] = "old,fast,fast-nhwc"
+        for key, value in quick.items():
+            if getattr(args, key) == parser.get_default(key):
+                setattr(args, key, value)
+    started = time.perf_counter()
+    args.out_of_time = lambda: bool(args.budget_s) and time.perf_counter() - started > args.budget_s
     args.sections = [s for s in args.sections.split(",") if s]
     args.vae_configs = [c for c in args.vae_configs.split(",") if c]
     args.decode_seconds = [float(s) for s in args.decode_seconds.split(",")]
@@ -373,7 +484,7 @@ def main() -> int:
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "dtype": str(dtype),
         "tiny": args.tiny,
-        "args": {k: v for k, v in vars(args).items() if k != "tiny_tree"},
+        "args": {k: v for k, v in vars(args).items() if k not in ("tiny_tree", "out_of_time")},
         "rows": [],
         "errors": [],
     }

@@ -68,7 +68,7 @@ class RandomLmWorker:
     data: str
     device: str
     tiny_dir: str = ""
-    decode_mode: str = "eager"
+    decode_mode: str = "auto"
 
     def build(self) -> tuple[torch.nn.Module, Any]:
         from hotstep_ray.models.lm_tokenizer import build_lm_tokenizer
@@ -125,7 +125,7 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--codes", type=int, default=150, help="codes per generation (5 per s)")
     parser.add_argument("--cfg-scale", type=float, default=2.0)
-    parser.add_argument("--decode-mode", default="eager")
+    parser.add_argument("--decode-mode", default="auto")
     parser.add_argument("--songs", type=int, default=16)
     parser.add_argument("--song-codes", type=int, default=900)
     parser.add_argument("--actors", type=int, default=1, help="> 1: Ray actors sharing the GPU")

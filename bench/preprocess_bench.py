@@ -11,23 +11,36 @@ Goal (issue 5): >= 2000 s of audio per GPU-second with <= 8 GiB per actor. Basel
 (shared/reference/lm-vae-baseline.md): plain diffusers VAE, 240 s in 334 ms whole (17 GiB) or
 403-483 ms in windows (~3 GiB).
 
-    .venv/bin/python bench/preprocess_bench.py --songs 8 --seconds 240 \\
-        --vae-batch-windows 4,8,16 --compile none,default --baseline > preprocess_bench.json
+VAE paths (`--vae-paths`, one case per path x batch-windows value, each on a fresh VAE of the
+same weights since the fast path prepares its VAE in place):
+  old        plain diffusers modules (weight norm folded), as before
+  fast       hotstep_ray.models.oobleck_fast: Triton Snake, CUDA graph per window-batch shape
+  fast-nhwc  the same with channels-last 2-D convs;  fast-nographs, fast-compile likewise
+Each fast case records the max |mean - old mean| of its first song's latents.
 
-Prints one JSON object on stdout (progress on stderr).
+    python3 bench/preprocess_bench.py --quick --budget-s 420 --out $OUT/preprocess_fast.json
+    python3 bench/preprocess_bench.py --songs 8 --seconds 240 --vae-paths old,fast \\
+        --vae-batch-windows 4,8 --baseline --out $OUT/preprocess.json
+
+Writes the report JSON to `--out` after every case (and prints it at the end; progress on
+stderr).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, no install
 
 GIB = 1024**3
 LYRICS = " ".join(
@@ -51,12 +64,28 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     return result, time.perf_counter() - start
 
 
+VAE_PATHS: dict[str, dict[str, Any] | None] = {
+    "old": None,
+    "fast": {},
+    "fast-nhwc": {"layout": "nhwc"},
+    "fast-nographs": {"cuda_graphs": False},
+    "fast-torchsnake": {"snake": "torch"},
+    "fast-compile": {"compile": True},
+}
+
+
+def build_vae(device: torch.device, dtype: torch.dtype):
+    from hotstep_ray.models import full_configs
+
+    return full_configs.build_vae(device=device, dtype=dtype, seed=1)
+
+
 def build_parts(device: torch.device, dtype: torch.dtype):
     from hotstep_ray.models import full_configs
     from hotstep_ray.models.lm_tokenizer import build_text_tokenizer
     from hotstep_ray.preprocess.dit_parts import encoders_from_models
 
-    vae = full_configs.build_vae(device=device, dtype=dtype, seed=1)
+    vae = build_vae(device, dtype)
     text = full_configs.build_text_encoder(device=device, dtype=dtype, seed=2)
     dit = encoders_from_models(
         full_configs.build_dit(full_configs.dit_config("2b"), device, dtype, seed=0)
@@ -144,12 +173,30 @@ def main() -> None:
     parser.add_argument(
         "--compile", default="none", help="comma list: none, default, max-autotune-no-cudagraphs"
     )
+    parser.add_argument("--vae-paths", default="old,fast", help=f"comma list of {list(VAE_PATHS)}")
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--baseline", action="store_true", help="also time plain diffusers")
+    parser.add_argument(
+        "--out", default=os.path.join(os.environ.get("OUT", "."), "preprocess.json")
+    )
+    parser.add_argument("--budget-s", type=float, default=0, help="skip cases after this (0: off)")
+    parser.add_argument(
+        "--quick", action="store_true", help="8 x 240 s, old,fast,fast-nhwc at 8 windows, 2 iters"
+    )
     args = parser.parse_args()
+    if args.quick:  # only what the user left at its default changes
+        quick = {"vae_paths": "old,fast,fast-nhwc", "vae_batch_windows": "8", "iters": 2}
+        for key, value in quick.items():
+            if getattr(args, key) == parser.get_default(key):
+                setattr(args, key, value)
+    unknown = set(args.vae_paths.split(",")) - set(VAE_PATHS)
+    if unknown:
+        parser.error(f"unknown --vae-paths {sorted(unknown)}")
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
+    started = time.perf_counter()
 
+    from hotstep_ray.models.oobleck_fast import OobleckFastOptions
     from hotstep_ray.models.prompts import build_dit_caption_prompt, build_lyric_prompt
     from hotstep_ray.preprocess.encode import Encoder
     from hotstep_ray.preprocess.items import EncodeItem, EncoderSettings
@@ -192,31 +239,88 @@ def main() -> None:
         torch.cuda.empty_cache()
     weights = torch.cuda.memory_allocated()
     report["weights_gib"] = weights / GIB
-    plain_encoder = vae.encoder
-    cases = []
-    for mode in args.compile.split(","):
-        vae.encoder = plain_encoder if mode == "none" else torch.compile(plain_encoder, mode=mode)
-        for windows in (int(w) for w in args.vae_batch_windows.split(",")):
-            settings = EncoderSettings(
-                vae_chunk_frames=args.vae_chunk,
-                vae_overlap_frames=args.vae_overlap,
-                vae_batch_windows=windows,
-            )
-            encoder = Encoder(vae, text, tokenizer, dit, settings, device, dtype)
-            log(f"case compile={mode} vae_batch_windows={windows} ...")
-            case = {"compile": mode, "vae_batch_windows": windows}
-            try:
-                case.update(run_case(encoder, items, args.iters, weights))
-                case["meets_goal"] = (
-                    case["audio_s_per_gpu_s"] >= 2000 and case["peak_allocated_gib"] <= 8
-                )
-            except Exception as exc:  # an OOM in one case should not lose the others
-                case["error"] = f"{type(exc).__name__}: {exc}"
-                torch.cuda.empty_cache()
-            cases.append(case)
-            log(json.dumps(case))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cases: list[dict[str, Any]] = []
     report["cases"] = cases
-    print(json.dumps(report, indent=2))
+
+    def flush() -> None:
+        out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+
+    reference_mean = None  # the first case's first-song latent mean (CPU float32)
+    for path in args.vae_paths.split(","):
+        for mode in args.compile.split(","):
+            if mode != "none" and path != "old":
+                continue  # the fast path has its own compile option (fast-compile)
+            for windows in (int(w) for w in args.vae_batch_windows.split(",")):
+                case: dict[str, Any] = {
+                    "vae_path": path,
+                    "compile": mode,
+                    "vae_batch_windows": windows,
+                }
+                if args.budget_s and time.perf_counter() - started > args.budget_s:
+                    case["skipped"] = "time budget"
+                    cases.append(case)
+                    flush()
+                    continue
+                # A fresh VAE (same weights) per case: the fast path prepares its VAE in place.
+                del vae
+                torch.cuda.empty_cache()
+                vae = build_vae(device, dtype)
+                if mode != "none":
+                    vae.encoder = torch.compile(vae.encoder, mode=mode)
+                settings = EncoderSettings(
+                    vae_chunk_frames=args.vae_chunk,
+                    vae_overlap_frames=args.vae_overlap,
+                    vae_batch_windows=windows,
+                )
+                fast = VAE_PATHS[path]
+                encoder = Encoder(
+                    vae,
+                    text,
+                    tokenizer,
+                    dit,
+                    settings,
+                    device,
+                    dtype,
+                    fast_vae=fast is not None,
+                    vae_options=OobleckFastOptions(**fast) if fast is not None else None,
+                )
+                if encoder.fast_vae is not None:
+                    case["vae"] = encoder.fast_vae.describe()
+                log(f"case {case} ...")
+                try:
+                    case.update(run_case(encoder, items, args.iters, weights))
+                    case["meets_goal"] = (
+                        case["audio_s_per_gpu_s"] >= 2000 and case["peak_allocated_gib"] <= 8
+                    )
+                    from hotstep_ray.preprocess.vae_tiles import encode_moments
+
+                    ((mean, _),) = encode_moments(
+                        vae,
+                        [audios[0]],
+                        args.vae_chunk,
+                        args.vae_overlap,
+                        windows,
+                        fast=encoder.fast_vae,
+                    )
+                    mean = mean.cpu()
+                    if reference_mean is None:
+                        reference_mean = mean
+                        case["reference_for_diffs"] = True
+                    else:
+                        case["max_abs_mean_diff_vs_first_case"] = float(
+                            (mean - reference_mean).abs().max()
+                        )
+                except Exception as exc:  # an OOM in one case should not lose the others
+                    case["error"] = f"{type(exc).__name__}: {exc}"
+                    torch.cuda.empty_cache()
+                cases.append(case)
+                flush()
+                log(json.dumps(case, default=str))
+    report["total_s"] = time.perf_counter() - started
+    flush()
+    print(json.dumps(report, indent=2, default=str))
 
 
 if __name__ == "__main__":

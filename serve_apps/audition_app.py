@@ -55,7 +55,7 @@ class AuditionAppConfig(BaseModel):
     lm: str | None = None  # LM folder name; default: the first usable
     dit: str | None = None  # DiT folder for the detokenizer and DiT audition; default: a turbo
     enable_dit: bool = True
-    decode_mode: str = "eager"  # eager | static | graph (CUDA graphs)
+    decode_mode: str = "auto"  # auto (CUDA graphs on CUDA, eager on CPU) | eager | static | graph
     decoder_gpus: float = 0.25  # fractional: the decoder shares a card
     lm_gpus: float = 0.5
     dit_gpus: float = 0.5

@@ -10,6 +10,11 @@ decoded in one piece (exactly the plain diffusers decode); a longer one is cut i
 `tile_batch` at a time, each keeping only its core. With overlap >= the decoder's receptive field
 (about 8 frames) the result equals the whole decode. Interior tiles share one shape, so cuDNN
 autotuning and `torch.compile` see few shapes.
+
+The fast path (`fast=True`, the default on CUDA; `hotstep_ray.models.oobleck_fast`) folds weight
+norm, fuses each Snake into one kernel and replays a CUDA graph per window shape. It tiles with
+windows of exactly `tile_frames` (the last one flush with the clip's end, as the preprocessing
+encoder does), so every window of every long clip has one shape and one graph serves them all.
 """
 
 from __future__ import annotations
@@ -38,21 +43,21 @@ from hotstep_ray.audition.codes import (
 )
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.models.acestep_dit import resolve_device_dtype
+from hotstep_ray.models.oobleck_fast import (
+    FastOobleck,
+    OobleckFastOptions,
+    fast_default,
+    fold_weight_norm,
+)
 from hotstep_ray.models.text_models import load_vae
+from hotstep_ray.preprocess.vae_tiles import plan_windows
 
 SAMPLE_RATE_HZ = 48_000
 FORMATS = {"wav": "WAV", "flac": "FLAC"}
 _TILE_QUANTUM = 32  # tile cores are multiples of this many latent frames
 
 
-def fold_weight_norm(module: torch.nn.Module) -> torch.nn.Module:
-    """Replace old-style weight_norm hooks by their computed weight (same values; one kernel
-    less per conv per forward). Inference only: the module can no longer train g and v."""
-    for sub in module.modules():
-        for hook in list(sub._forward_pre_hooks.values()):
-            if type(hook).__name__ == "WeightNorm":
-                torch.nn.utils.remove_weight_norm(sub, hook.name)
-    return module
+__all__ = ["CodesDecoder", "TiledVaeDecoder", "fold_weight_norm", "encode", "pcm16_wav"]
 
 
 @dataclass
@@ -74,24 +79,47 @@ class TiledVaeDecoder:
         tile_batch: int = 1,
         whole_max_frames: int = 800,
         compile: bool = False,
+        fast: bool | None = None,
+        fast_options: OobleckFastOptions | None = None,
     ) -> None:
+        """`fast`: None = on for CUDA, off on the CPU. `fast_options` tune it (`compile` is
+        folded into them)."""
         if tile_frames < _TILE_QUANTUM or overlap_frames < 0 or tile_batch < 1:
             raise ValueError("tile_frames >= 32, overlap_frames >= 0, tile_batch >= 1")
-        self.vae = fold_weight_norm(vae.eval().requires_grad_(False))
+        if 2 * overlap_frames >= tile_frames:
+            raise ValueError(f"tile_frames ({tile_frames}) must exceed 2 x overlap_frames")
+        self.vae = vae.eval().requires_grad_(False)
         self.hop = int(np.prod(vae.config.downsampling_ratios))  # samples per latent frame
         self.tile_frames, self.overlap = tile_frames, overlap_frames
         self.tile_batch, self.whole_max = tile_batch, whole_max_frames
         param = next(vae.parameters())
         self.device, self.dtype = param.device, param.dtype
+        self.fast: FastOobleck | None = None
+        if fast_default(self.device) if fast is None else fast:
+            options = fast_options or OobleckFastOptions()
+            if compile:
+                options = options.model_copy(update={"compile": True})
+            self.fast = FastOobleck(self.vae, options)
+            self._decode = self.fast.decode
+            return
+        fold_weight_norm(self.vae)
         self._decode = self.vae.decoder
         if compile:
             self._decode = torch.compile(self.vae.decoder, dynamic=False)
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # fixed tile shapes: autotune once per shape
 
+    def describe(self) -> dict[str, object]:
+        """The decode path, for logs and benchmark rows."""
+        path = self.fast.describe() if self.fast else {"snake": "diffusers"}
+        return {"fast": self.fast is not None, **path}
+
     def plan(self, frames: int) -> TilePlan:
         if frames <= self.whole_max:
             return TilePlan(0, frames, frames)
+        if self.fast is not None:
+            windows = plan_windows(frames, self.tile_frames, self.overlap)
+            return TilePlan(len(windows), self.tile_frames - 2 * self.overlap, self.tile_frames)
         tiles = math.ceil(frames / self.tile_frames)
         core = math.ceil(frames / tiles / _TILE_QUANTUM) * _TILE_QUANTUM
         return TilePlan(math.ceil(frames / core), core, core + 2 * self.overlap)
@@ -104,6 +132,8 @@ class TiledVaeDecoder:
         plan = self.plan(frames)
         if plan.tiles == 0:
             return self._decode(z).float()
+        if self.fast is not None:
+            return self._decode_windows(z)
         # Tile i keeps [i*core, (i+1)*core) and sees `overlap` frames either side, clipped at the
         # clip's ends so the first and last samples match the whole decode (the conv's own zero
         # padding, not decoded zero latents). Windows of one length are decoded together.
@@ -124,6 +154,22 @@ class TiledVaeDecoder:
                     rows = audio[j * z.shape[0] : (j + 1) * z.shape[0]]
                     pieces[tile] = rows[:, :, keep * self.hop : (keep + kept) * self.hop].float()
         return torch.cat([pieces[t] for t in range(plan.tiles)], dim=-1)
+
+    def _decode_windows(self, z: torch.Tensor) -> torch.Tensor:
+        """[B, 64, T] -> float32 [B, 2, T * hop] in windows of exactly `tile_frames` frames
+        (one shape: one CUDA graph), `tile_batch` windows per call, each keeping its core."""
+        batch, frames = z.shape[0], z.shape[-1]
+        out = torch.empty(batch, 2, frames * self.hop, device=self.device)
+        windows = plan_windows(frames, self.tile_frames, self.overlap)
+        for first in range(0, len(windows), self.tile_batch):
+            group = windows[first : first + self.tile_batch]
+            stacked = torch.cat([z[:, :, w.start : w.stop] for w in group], dim=0)
+            audio = self._decode(stacked)  # [len(group) * B, 2, tile_frames * hop]
+            for j, w in enumerate(group):
+                lo, hi = (w.keep_start - w.start) * self.hop, (w.keep_stop - w.start) * self.hop
+                keep = slice(w.keep_start * self.hop, w.keep_stop * self.hop)
+                out[:, :, keep] = audio[j * batch : (j + 1) * batch, :, lo:hi]
+        return out
 
 
 class CodesDecoder:

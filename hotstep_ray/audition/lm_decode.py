@@ -11,6 +11,11 @@ Engines:
 - "static": StaticCache of fixed length and a 4-D bool mask we keep ourselves (any device).
 - "graph": "static" with the decode step captured once in a CUDA graph and replayed (CUDA only;
   falls back to "static" when capture fails). Kernel launches, not FLOPs, bound batch-2 decode.
+- "auto": "graph" on CUDA, "eager" elsewhere (`resolve_mode`).
+
+Graph safety: every input of a step lives in a static buffer written in place (ids, positions,
+the 4-D mask) and the StaticCache advances its write slot with a device-side counter, so one
+captured step replays correctly at every position.
 """
 
 from __future__ import annotations
@@ -28,6 +33,21 @@ log = logging.getLogger(__name__)
 # Static cache lengths. A request always lands in the same bucket, whatever ran before, so its
 # attention reductions (over the masked cache length) and hence its codes never depend on history.
 STATIC_BUCKETS = (1024, 2048, 4096, 8192, 16384)
+
+
+MODES = ("auto", "eager", "static", "graph")
+
+
+def resolve_mode(mode: str, device: torch.device | str) -> str:
+    """`auto` -> graph on CUDA, eager elsewhere; graph off CUDA -> static; others as given."""
+    if mode not in MODES:
+        raise ValueError(f"decode mode {mode!r}: expected one of {', '.join(MODES)}")
+    cuda = torch.device(device).type == "cuda"
+    if mode == "auto":
+        return "graph" if cuda else "eager"
+    if mode == "graph" and not cuda:
+        return "static"
+    return mode
 
 
 def static_bucket(tokens: int) -> int:
@@ -119,12 +139,8 @@ class Stepper:
     def __init__(self, lm: torch.nn.Module, mode: str = "eager", max_len: int = 0) -> None:
         """`max_len`: the static cache length (static/graph; 0 = the bucket of the first
         request). A static stepper serves requests up to that length only."""
-        if mode not in ("eager", "static", "graph"):
-            raise ValueError(f"decode mode {mode!r}: expected eager, static or graph")
-        if mode == "graph" and next(lm.parameters()).device.type != "cuda":
-            mode = "static"
-        self.lm, self.mode, self.max_len = lm, mode, max_len
         self.device = next(lm.parameters()).device
+        self.lm, self.mode, self.max_len = lm, resolve_mode(mode, self.device), max_len
         self._graph: torch.cuda.CUDAGraph | None = None
         self._graph_rows = 0
 

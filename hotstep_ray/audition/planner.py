@@ -35,6 +35,7 @@ from hotstep_ray.audition.lm_decode import (
     Stepper,
     combine_cfg,
     head_slice,
+    resolve_mode,
     sample_token,
     static_bucket,
 )
@@ -113,13 +114,14 @@ class PlannerLM:
         *,
         lm_size: str,
         storage: Storage | None = None,
-        decode_mode: str = "eager",
+        decode_mode: str = "auto",
         max_adapters: int = 4,
     ) -> None:
+        """`decode_mode`: auto (CUDA graphs on CUDA, eager on the CPU), eager, static, graph."""
         self.base = LoadedLm(name="", model=lm.eval().requires_grad_(False))
         self.tokenizer, self.lm_size, self.storage = tokenizer, lm_size, storage
-        self.decode_mode, self.max_adapters = decode_mode, max_adapters
         self.device = next(lm.parameters()).device
+        self.decode_mode, self.max_adapters = resolve_mode(decode_mode, self.device), max_adapters
         self._cache: OrderedDict[str, LoadedLm] = OrderedDict()
         self._lock = threading.RLock()
 

@@ -36,7 +36,9 @@ def serve_cmd(
     host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)."),
     device: str = typer.Option("", help="cuda / cpu (default: cuda when present)."),
     no_dit: bool = typer.Option(False, "--no-dit", help="Skip the DiT audition deployment."),
-    decode_mode: str = typer.Option("eager", help="LM decoding: eager, static or graph."),
+    decode_mode: str = typer.Option(
+        "auto", help="LM decoding: auto (CUDA graphs on CUDA), eager, static or graph."
+    ),
     ray_address: str = typer.Option("", help="Join this Ray cluster (default: a local one)."),
 ) -> None:
     """Deploy the audition app on Ray Serve and block (Ctrl-C stops it). Bearer token: set

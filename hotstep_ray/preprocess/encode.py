@@ -12,6 +12,10 @@ Per song (shapes per sample; T latent frames at 25 Hz, T5 = ceil(T / 5) codes at
 - context_latents [T, 128]: silence_latent[:T] ‖ ones (text2music context without LM hints).
 - audio_codes [T5]: FSQ indices of the audio tokenizer, run in float32.
 - an optional genre variant of the condition (caption text = genre) for training-time swaps.
+
+The VAE runs through `hotstep_ray.models.oobleck_fast` on CUDA by default (folded weight norm,
+fused Snake, CUDA graphs per window-batch shape); `fast_vae=False` keeps the plain diffusers
+modules (only weight norm folded), the CPU default.
 """
 
 from __future__ import annotations
@@ -23,6 +27,12 @@ import torch
 from hotstep_ray.models.acestep_dit import resolve_device_dtype
 from hotstep_ray.models.acestep_wrappers import tokenize_latents
 from hotstep_ray.models.lm_tokenizer import load_tokenizer
+from hotstep_ray.models.oobleck_fast import (
+    FastOobleck,
+    OobleckFastOptions,
+    fast_default,
+    fold_weight_norm,
+)
 from hotstep_ray.models.text_models import (
     embed_lyrics,
     encode_captions,
@@ -37,16 +47,7 @@ from hotstep_ray.preprocess.vae_tiles import encode_moments
 TIMBRE_FRAMES = 750  # 30 s of 25 Hz frames: the reference-audio length inference uses
 
 
-def fold_weight_norm(module: torch.nn.Module) -> int:
-    """Bake old-style weight_norm into plain weights (inference only): otherwise every forward
-    recomputes g * v / |v| for all ~100 VAE convs, ~10% of a CPU encode. Returns the count."""
-    folded = 0
-    for sub in module.modules():
-        hooks = [h for h in sub._forward_pre_hooks.values() if type(h).__name__ == "WeightNorm"]
-        for hook in hooks:
-            torch.nn.utils.remove_weight_norm(sub, hook.name)
-            folded += 1
-    return folded
+__all__ = ["Encoder", "fold_weight_norm", "repeat_frames"]
 
 
 def repeat_frames(frames: torch.Tensor, count: int) -> torch.Tensor:
@@ -70,8 +71,15 @@ class Encoder:
         settings: EncoderSettings,
         device: torch.device,
         dtype: torch.dtype,
+        *,
+        fast_vae: bool | None = None,
+        vae_options: OobleckFastOptions | None = None,
     ) -> None:
+        """`fast_vae`: None = on for CUDA. Weight norm is folded either way (otherwise every
+        forward recomputes g * v / |v| for all ~100 VAE convs, ~10% of a CPU encode)."""
         fold_weight_norm(vae)
+        use_fast = fast_default(device) if fast_vae is None else fast_vae
+        self.fast_vae = FastOobleck(vae, vae_options) if use_fast else None
         self.vae, self.text_encoder, self.tokenizer, self.dit = vae, text_encoder, tokenizer, dit
         self.settings, self.device, self.dtype = settings, device, dtype
         silence = dit.silence_latent  # [N, 64] float32 CPU
@@ -87,14 +95,16 @@ class Encoder:
         settings: EncoderSettings,
         device: torch.device | str | None = None,
         dtype: torch.dtype | str | None = None,
+        **options,
     ) -> Encoder:
-        """Load from checkpoint folders. Default: CUDA + bf16 if present, else CPU + float32."""
+        """Load from checkpoint folders. Default: CUDA + bf16 if present, else CPU + float32.
+        `options`: `fast_vae`, `vae_options` (see `__init__`)."""
         device, dtype = resolve_device_dtype(device, dtype)
         vae = load_vae(paths.vae, device=device, dtype=dtype)
         text_encoder = load_text_encoder(paths.text_encoder, device=device, dtype=dtype)
         tokenizer = load_tokenizer(paths.text_encoder)
         dit = load_dit_encoders(paths.dit, device, dtype)
-        return cls(vae, text_encoder, tokenizer, dit, settings, device, dtype)
+        return cls(vae, text_encoder, tokenizer, dit, settings, device, dtype, **options)
 
     # -- stages ------------------------------------------------------------------------------
     def latents(self, items: Sequence[EncodeItem]) -> list[torch.Tensor]:
@@ -106,6 +116,7 @@ class Encoder:
             self.settings.vae_chunk_frames,
             self.settings.vae_overlap_frames,
             self.settings.vae_batch_windows,
+            fast=self.fast_vae,
         )
         out = []
         for item, (mean, std) in zip(items, moments, strict=True):

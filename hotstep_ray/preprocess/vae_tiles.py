@@ -10,17 +10,24 @@ overlap >= 7 reproduces the untiled encode up to float rounding; the default 48 
 
 Because every full window has the same length, windows from many songs stack into one
 `[N, 2, chunk * 1920]` batch: the GPU runs a few large convolutions instead of one per song.
+Given a `FastOobleck` (hotstep_ray.models.oobleck_fast; the default on CUDA) the encoder runs
+with folded weight norm, fused Snake kernels and one CUDA graph per batch shape (full batches of
+full windows share one).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from hotstep_ray.preprocess.audio_prep import HOP_SAMPLES
+
+if TYPE_CHECKING:
+    from hotstep_ray.models.oobleck_fast import FastOobleck
 
 STD_FLOOR = 1e-4  # diffusers' OobleckDiagonalGaussianDistribution: std = softplus(scale) + 1e-4
 
@@ -59,10 +66,14 @@ def encode_moments(
     chunk: int,
     overlap: int,
     batch_windows: int = 4,
+    fast: FastOobleck | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """[2, S] float audio per song -> (mean [T, D], std [T, D]) float32 per song, T = S // 1920,
     D = latent channels (64), on the VAE's device. Windows of equal length from all songs run
-    together, `batch_windows` at a time."""
+    together, `batch_windows` at a time. `fast`: the prepared fast path of this same VAE."""
+    if fast is not None and fast.vae is not vae:
+        raise ValueError("`fast` wraps another VAE than `vae`")
+    run_encoder = fast.encode if fast is not None else vae.encoder
     param = next(vae.parameters())
     device, dtype = param.device, param.dtype
     channels = int(vae.config.decoder_input_channels)  # the encoder emits 2 x this (mean, scale)
@@ -82,7 +93,7 @@ def encode_moments(
             batch = torch.stack(
                 [audios[song][:, w.start * HOP_SAMPLES : w.stop * HOP_SAMPLES] for song, w in group]
             )  # [N, 2, length * 1920]
-            moments = vae.encoder(batch).float()  # [N, 128, length]: mean ‖ raw scale
+            moments = run_encoder(batch).float()  # [N, 128, length]: mean ‖ raw scale
             mean, scale = moments.chunk(2, dim=1)
             std = F.softplus(scale) + STD_FLOOR
             for row, (song, w) in enumerate(group):

@@ -38,6 +38,35 @@ def test_tiled_decode_equals_the_whole_decode(decoder):
     np.testing.assert_allclose(tiled.decode(latents).numpy(), whole.numpy(), atol=1e-5)
 
 
+def test_fast_tiled_decode_equals_the_whole_reference_decode(tiny_tree):
+    """The fast path (forced on the CPU: folded weight norm, precomputed Snake, nhwc convs,
+    windows of exactly `tile_frames`) reproduces the plain whole decode."""
+    from hotstep_ray.models.oobleck_fast import OobleckFastOptions
+    from hotstep_ray.models.text_models import load_vae
+
+    reference = load_vae(tiny_tree / "vae", device="cpu", dtype=torch.float32)
+    latents = torch.randn(1, 150, 64, generator=torch.Generator().manual_seed(1))
+    whole = TiledVaeDecoder(reference, whole_max_frames=1000, fast=False).decode(latents)
+    options = OobleckFastOptions(layout="nhwc")
+    fast = TiledVaeDecoder(
+        load_vae(tiny_tree / "vae", device="cpu", dtype=torch.float32),
+        tile_frames=64,
+        overlap_frames=16,
+        tile_batch=2,
+        whole_max_frames=32,
+        fast=True,
+        fast_options=options,
+    )
+    assert fast.describe()["fast"] and fast.describe()["layout"] == "nhwc"
+    assert fast.plan(150).tiles == 4 and fast.plan(150).window_frames == 64
+    audio = fast.decode(latents)
+    assert audio.shape == whole.shape == (1, 2, 150 * 1920) and audio.dtype == torch.float32
+    scale = whole.abs().max()
+    assert float((audio - whole).abs().max() / scale) < 1e-5
+    with pytest.raises(ValueError, match="2 x overlap"):
+        TiledVaeDecoder(reference, tile_frames=64, overlap_frames=32, fast=False)
+
+
 @pytest.mark.parametrize(
     ("codes", "error", "message"),
     [

@@ -67,3 +67,21 @@ def test_tiled_encode_equals_untiled_and_decode_length() -> None:
     assert audio_out.shape == (2, frames * HOP_SAMPLES)
     whole = decode_latents(vae, mean, chunk=64, overlap=0)
     torch.testing.assert_close(audio_out, whole, atol=1e-4, rtol=0)
+
+
+def test_fast_encode_equals_the_plain_encode() -> None:
+    """`encode_moments` through the fast path (forced on the CPU, nhwc convs) matches the
+    plain diffusers encoder; a FastOobleck of another VAE is refused."""
+    from hotstep_ray.models.oobleck_fast import FastOobleck, OobleckFastOptions
+
+    plain, fast_vae = narrow_vae(), narrow_vae()
+    fast = FastOobleck(fast_vae, OobleckFastOptions(layout="nhwc"))
+    generator = torch.Generator().manual_seed(2)
+    audios = [0.3 * torch.randn(2, n * HOP_SAMPLES, generator=generator) for n in (20, 9)]
+    want = encode_moments(plain, audios, chunk=16, overlap=6, batch_windows=2)
+    got = encode_moments(fast_vae, audios, chunk=16, overlap=6, batch_windows=2, fast=fast)
+    for (mean, std), (fast_mean, fast_std) in zip(want, got, strict=True):
+        torch.testing.assert_close(fast_mean, mean, atol=2e-5, rtol=0)
+        torch.testing.assert_close(fast_std, std, atol=2e-5, rtol=0)
+    with pytest.raises(ValueError, match="another VAE"):
+        encode_moments(plain, audios, chunk=16, overlap=6, fast=fast)

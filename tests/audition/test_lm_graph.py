@@ -1,0 +1,96 @@
+"""The CUDA-graph decode engine's logic on the CPU: a stand-in graph that replays the captured
+step exactly as a real one would (reading only the static buffers, nothing run at capture) gives
+the same codes as eager decoding, with the constrained-decoding rules intact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hotstep_ray.audition import lm_decode
+from hotstep_ray.audition import planner as planner_module
+from hotstep_ray.audition.lm_decode import Stepper, resolve_mode
+from hotstep_ray.audition.planner import PlannerLM
+from hotstep_ray.audition.schemas import LmRequest
+from hotstep_ray.models.lm_tokenizer import AUDIO_CODE_BASE_ID, IM_END_ID
+
+
+class StandInGraph:
+    """What `torch.cuda.graph` records: the step's work, replayed on demand into `out`."""
+
+    def __init__(self, stepper: Stepper, out: torch.Tensor) -> None:
+        self.stepper, self.out, self.replays = stepper, out, 0
+
+    def replay(self) -> None:
+        self.out.copy_(self.stepper._static_step())
+        self.replays += 1
+
+
+def stand_in_capture(self: Stepper) -> None:
+    """Stepper._capture on the CPU: two warm-up steps (which advance the cache's write counters,
+    as on the GPU; `_replay` must rewind them), then a "capture" that runs nothing."""
+    for _ in range(2):
+        probe = self._static_step()
+    self.step_out = torch.empty_like(probe)
+    self._graph = StandInGraph(self, self.step_out)
+
+
+@pytest.fixture
+def graph_on_cpu(monkeypatch):
+    """Let Stepper keep mode "graph" on the CPU, with the stand-in capture."""
+    monkeypatch.setattr(lm_decode, "resolve_mode", lambda mode, device: mode)
+    monkeypatch.setattr(planner_module, "resolve_mode", lambda mode, device: mode)
+    monkeypatch.setattr(Stepper, "_capture", stand_in_capture)
+
+
+def test_resolve_mode_defaults_to_graphs_on_cuda_only():
+    assert resolve_mode("auto", "cuda") == "graph"
+    assert resolve_mode("auto", "cpu") == "eager"
+    assert resolve_mode("graph", "cpu") == "static"  # no CUDA graphs off the GPU
+    assert resolve_mode("static", "cpu") == "static"
+    with pytest.raises(ValueError, match="decode mode"):
+        resolve_mode("turbo", "cpu")
+
+
+def test_graph_stepper_replays_the_static_steps(planner, graph_on_cpu):
+    rows = [list(range(100, 130)), list(range(200, 212))]  # CFG: two rows of unequal length
+    tokens = [torch.tensor(t) for t in (5, 6, 7, 8)]
+    reference = Stepper(planner.base.model, "static")
+    expected = [reference.start(rows, 8)] + [reference.step(t) for t in tokens]
+    graph = Stepper(planner.base.model, "graph")
+    # a graph step returns its static output buffer (overwritten by the next replay): clone
+    got = [graph.start(rows, 8)] + [graph.step(t).clone() for t in tokens]
+    assert graph.mode == "graph" and graph._graph.replays == len(tokens)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b)
+    # a second request on the same stepper reuses the one capture
+    again = [graph.start(rows, 8)] + [graph.step(t).clone() for t in tokens]
+    assert graph._graph.replays == 2 * len(tokens)
+    for a, b in zip(again, expected, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.85, "top_k": 8}])
+def test_graph_planner_gives_the_eager_codes(planner, graph_on_cpu, sampling):
+    eager = PlannerLM(planner.base.model, planner.tokenizer, lm_size="0.6B", decode_mode="eager")
+    graph = PlannerLM(planner.base.model, planner.tokenizer, lm_size="0.6B", decode_mode="graph")
+    assert graph.decode_mode == "graph"
+    request = LmRequest(
+        caption="dark synthwave",
+        lyrics="[verse]\nneon",
+        bpm=120,
+        keyscale="C major",
+        timesignature="4",
+        duration=3,
+        lm_seed=11,
+        cfg_scale=2.0,
+        **sampling,
+    )
+    want = eager.plan(request)
+    got = graph.plan(request)
+    assert got.result.codes == want.result.codes
+    # constrained decoding: exactly duration x 5 code tokens, then <|im_end|>
+    assert len(got.token_ids) == 16 and got.token_ids[-1] == IM_END_ID
+    assert all(AUDIO_CODE_BASE_ID <= t < AUDIO_CODE_BASE_ID + 64000 for t in got.token_ids[:-1])
+    steppers = list(graph.base.steppers.values())
+    assert steppers and all(s.mode == "graph" and s._graph is not None for s in steppers)

@@ -1,0 +1,174 @@
+"""The fast Oobleck path equals the diffusers modules it wraps (CPU, tiny VAE, float32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hotstep_ray.models.oobleck_fast import (
+    FastOobleck,
+    FastSnake1d,
+    OobleckFastOptions,
+    ShapeGraphs,
+    fold_weight_norm,
+    resolve_snake,
+    snake_layout,
+)
+
+
+@pytest.fixture(scope="module")
+def vae_folder(tmp_path_factory):
+    from hotstep_ray.models.tiny_tree import write_tiny_vae
+
+    return write_tiny_vae(tmp_path_factory.mktemp("vae"))
+
+
+@pytest.fixture
+def fresh_vae(vae_folder):
+    """A new tiny VAE per call (weight-norm modules cannot be deep-copied)."""
+    return lambda: _load(vae_folder)
+
+
+@pytest.fixture(scope="module")
+def tiny_vae(vae_folder):
+    return _load(vae_folder)
+
+
+def _load(folder):
+    from hotstep_ray.models.text_models import load_vae
+
+    vae = load_vae(folder, device="cpu", dtype=torch.float32)
+    # Non-trivial Snake parameters (the tiny tree may draw them near zero): the swap must
+    # carry exp(alpha) and 1 / (exp(beta) + 1e-9) exactly.
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, param in vae.named_parameters():
+            if name.endswith((".alpha", ".beta")):
+                param.copy_(0.5 * torch.randn(param.shape, generator=generator))
+    return vae.eval()
+
+
+def _latents(frames: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(1, 64, frames, generator=torch.Generator().manual_seed(seed))
+
+
+def test_weight_norm_folding_is_exact(fresh_vae):
+    vae = fresh_vae()
+    z = _latents(6)
+    with torch.no_grad():
+        want = vae.decoder(z)
+        assert fold_weight_norm(vae) > 50  # every conv of encoder and decoder
+        assert fold_weight_norm(vae) == 0  # idempotent
+        got = vae.decoder(z)
+    assert not any("weight_g" in name for name, _ in vae.named_parameters())
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_new_style_weight_norm_parametrization_folds():
+    from torch.nn.utils.parametrizations import weight_norm
+
+    conv = weight_norm(torch.nn.Conv1d(3, 4, 5))
+    x = torch.randn(2, 3, 20)
+    with torch.no_grad():
+        want = conv(x)
+        assert fold_weight_norm(conv) == 1
+        torch.testing.assert_close(conv(x), want, atol=1e-6, rtol=0)
+    assert not hasattr(conv, "parametrizations")
+
+
+def test_fast_snake_is_bit_identical_to_diffusers_in_float32(tiny_vae):
+    reference = tiny_vae.decoder.block[0].snake1
+    fast = FastSnake1d(reference, "torch")
+    x = 4 * torch.randn(2, reference.alpha.shape[1], 33)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), reference(x), atol=0, rtol=0)
+        # [B, C, 1, T] (the nhwc layout) broadcasts the same parameters
+        four_d = fast(x.unsqueeze(2).contiguous(memory_format=torch.channels_last))
+    torch.testing.assert_close(four_d.squeeze(2), reference(x), atol=0, rtol=0)
+    with pytest.raises(ValueError, match="snake impl"):
+        FastSnake1d(reference, "cuda-magic")
+
+
+@pytest.mark.parametrize("layout", ["ncw", "nhwc"])
+def test_fast_decode_and_encode_equal_the_reference(tiny_vae, fresh_vae, layout):
+    reference = tiny_vae
+    fast = FastOobleck(fresh_vae(), OobleckFastOptions(layout=layout))
+    assert fast.describe()["layout"] == layout
+    assert fast.snake_impl == "torch" and not fast.uses_graphs  # CPU: gated off
+    z = _latents(7)
+    audio = 0.3 * torch.randn(2, 2, 5 * 1920, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want_audio = reference.decoder(z)
+        want_moments = reference.encoder(audio)
+        # float32 rounding only (2-D convs sum in another order): error / scale < 1e-5
+        assert _relative_error(fast.decode(z), want_audio) < 1e-5
+        assert _relative_error(fast.encode(audio), want_moments) < 1e-5
+        # the VAE's own API keeps working after the in-place preparation
+        assert _relative_error(fast.vae.decode(z).sample, want_audio) < 1e-5
+        assert fast.decode(z).shape == (1, 2, 7 * 1920)
+        # preparing an already prepared VAE again is harmless (no double wrapping)
+        again = FastOobleck(fast.vae, OobleckFastOptions(layout=layout))
+        assert _relative_error(again.decode(z), want_audio) < 1e-5
+        # and the check has teeth: a perturbed Snake parameter is caught
+        if layout == "ncw":
+            fast.vae.decoder.block[0].snake1.inv_beta.mul_(1.01)
+            assert _relative_error(fast.decode(z), want_audio) > 1e-4
+
+
+def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).abs().max() / want.abs().max())
+
+
+def test_device_gating_and_option_validation():
+    cpu = torch.device("cpu")
+    assert resolve_snake("auto", cpu) == "torch"
+    assert resolve_snake("triton", cpu) == "torch"  # no Triton off CUDA
+    with pytest.raises(ValueError, match="snake impl"):
+        resolve_snake("fast", cpu)
+    with pytest.raises(ValueError):
+        OobleckFastOptions(layout="nchw")
+    with pytest.raises(ValueError):
+        OobleckFastOptions(tile_frames=1)  # unknown fields are refused
+
+
+def test_snake_kernel_layout_reads_channels_from_memory_order():
+    x = torch.zeros(2, 5, 1, 7)
+    assert snake_layout(x) == (5, 7)  # NCW: channel = (i // T) % C
+    assert snake_layout(x.contiguous(memory_format=torch.channels_last)) == (5, 1)
+    assert snake_layout(x[:, :, 0]) == (5, 7)
+    assert snake_layout(torch.zeros(2, 7, 5).transpose(1, 2)) is None  # strided: made dense
+
+
+def test_shape_graphs_capture_policy_without_a_gpu(monkeypatch):
+    """The capture bookkeeping (CPU stand-in for the CUDA graph): shapes are captured on their
+    n-th call, at most `max_graphs` of them, a failed capture runs eagerly from then on."""
+    calls: list[tuple] = []
+    captured: list[tuple] = []
+
+    def fn(x):
+        calls.append(tuple(x.shape))
+        return x * 2
+
+    graphs = ShapeGraphs(fn, max_graphs=2, capture_after=2)
+
+    def fake_capture(key, x):
+        if key[0] == (3,):
+            raise RuntimeError("capture not supported")
+        captured.append(key[0])
+        graphs.graphs[key] = (_Replay(), x.clone(), x.clone() * 2)
+
+    monkeypatch.setattr(graphs, "_capture", fake_capture)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    one = torch.ones(1)
+    assert graphs(one).tolist() == [2.0] and captured == []  # first sight: eager
+    assert graphs(one).tolist() == [2.0] and captured == [(1,)]  # second: captured + replayed
+    graphs(torch.ones(2)), graphs(torch.ones(2))
+    assert captured == [(1,), (2,)]
+    graphs(torch.ones(3)), graphs(torch.ones(3))  # the cap: more shapes stay eager
+    assert captured == [(1,), (2,)] and calls[-1] == (3,)
+    assert graphs(one).tolist() == [2.0]  # replay returns a fresh tensor of the output
+
+
+class _Replay:
+    def replay(self) -> None:
+        pass
