@@ -74,6 +74,9 @@ class LoadedLm:
     key: str = ""  # storage key of the adapter folder
     trigger: TriggerInfo | None = None
     steppers: dict[tuple[int, int], Stepper] = field(default_factory=dict)
+    # The adapter scale the steppers were built at: a captured CUDA graph bakes peft's α/r·scale
+    # into its kernels, so a step engine built at one scale must not serve another.
+    scale: float = 1.0
 
 
 @dataclass
@@ -263,6 +266,9 @@ class PlannerLM:
             from hotstep_ray.training.adapters import set_scale
 
             set_scale(adapter.model, scale)
+            if scale != adapter.scale:  # graphs replay the captured scale: rebuild the engines
+                adapter.steppers.clear()
+                adapter.scale = scale
         seed = request.lm_seed if request.lm_seed is not None and request.lm_seed >= 0 else None
         seed = secrets.randbits(31) if seed is None else seed
         gen = torch.Generator(device=self.device).manual_seed(seed)

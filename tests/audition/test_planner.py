@@ -128,3 +128,20 @@ def test_adapter_cache_is_lru(planner, runs):
     lru.adapter(runs["lm"].removeprefix("adapters/"))  # another id evicts the oldest
     assert lru.cached_adapters == [runs["lm"].removeprefix("adapters/")]
     assert lru.adapter("band") is not first  # reloaded after eviction
+
+
+def test_a_new_adapter_scale_rebuilds_the_step_engines(planner):
+    """A captured CUDA graph replays the LoRA scale it was captured at, so engines built at one
+    scale are dropped when a request asks for another (and kept while the scale stays)."""
+    request = _request(duration=1, lm_seed=5, lm_adapter="band", use_trigger=False)
+    planner.generate(request)
+    loaded = planner.adapter("band")
+    engines = dict(loaded.steppers)
+    assert engines and loaded.scale == 1.0
+    planner.generate(request)
+    assert all(loaded.steppers[key] is engine for key, engine in engines.items())
+    half = planner.generate(request.model_copy(update={"lm_adapter_scale": 0.5}))
+    assert loaded.scale == 0.5
+    assert all(loaded.steppers.get(key) is not engine for key, engine in engines.items())
+    full = planner.generate(request)
+    assert loaded.scale == 1.0 and full.codes != half.codes
