@@ -9,6 +9,7 @@ from rich.table import Table
 from hotstep_ray.cli import (
     adapters_cmd,
     audition_cmd,
+    bench_cmd,
     calibrate_cmd,
     dataset_cmd,
     doctor_cmd,
@@ -41,6 +42,7 @@ app.add_typer(adapters_cmd.app, name="adapters")
 app.add_typer(mm3_cmd.app, name="mm3")
 app.add_typer(studio_cmd.studio_app, name="studio")
 app.add_typer(studio_cmd.jobs_app, name="jobs")
+app.add_typer(bench_cmd.app, name="bench")
 app.command("doctor")(doctor_cmd.doctor)
 
 

@@ -1,0 +1,47 @@
+"""`hotstep-ray bench`: the documented benchmark scripts behind one command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from hotstep_ray.cli import bench_cmd
+from hotstep_ray.cli.main import app
+from hotstep_ray.core.errors import InputError
+
+runner = CliRunner()
+
+
+def test_every_listed_benchmark_is_a_script_in_the_checkout():
+    result = runner.invoke(app, ["bench", "list"])
+    assert result.exit_code == 0
+    for name, (script, _) in bench_cmd.BENCHES.items():
+        assert bench_cmd.script_for(name).name == script
+        assert f"bench/{script}" in result.output
+
+
+def test_unknown_or_missing_benchmarks_are_refused(tmp_path):
+    with pytest.raises(InputError, match="unknown benchmark 'gpu'"):
+        bench_cmd.script_for("gpu")
+    with pytest.raises(InputError, match="source checkout"):
+        bench_cmd.script_for("dit", folder=tmp_path)
+
+
+def test_script_exit_codes_pass_through(tmp_path):
+    script = tmp_path / "fake_bench.py"
+    script.write_text("import sys\nprint(sys.argv[1:])\nsys.exit(3)\n")
+    assert bench_cmd.run_script(script, ["--x", "1"]) == 3
+
+
+@pytest.mark.slow
+def test_bench_dit_runs_the_trainers_step_and_writes_rows(tmp_path):
+    out = tmp_path / "dit.json"
+    args = ["bench", "dit", "--tiny", "--device", "cpu", "--models", "2b", "--adapters"]
+    args += ["lora64", "--batches", "1", "--steps", "1", "--warmup", "0", "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["crop"] for row in rows] == [32, 64]  # the tiny model's two crops
+    assert all(row["step_ms"] > 0 and row["finite"] for row in rows)
