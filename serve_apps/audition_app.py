@@ -18,28 +18,24 @@ where a by-value pickled function has no module globals to resolve strings again
 """
 
 import asyncio
-import hmac
-import os
 import sys
 from typing import Any
 
 import ray.cloudpickle
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from hotstep_ray.audition.errors import EngineSuspendedError, NotFoundError, http_status
-from hotstep_ray.core.errors import HotstepError
+from hotstep_ray.audition.errors import EngineSuspendedError, NotFoundError
+from hotstep_ray.audition.http_api import error_response, guarded_api, remote
 
 # This module is not a package on the workers' path: ship its classes by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 LM_ADAPTERS_PER_REPLICA = 4  # serve.multiplexed LRU size (a decorator constant)
 DIT_ADAPTERS_PER_REPLICA = 2
-PUBLIC_PATHS = ("/health", "/docs", "/openapi.json", "/redoc", "/docs/oauth2-redirect")
 MEDIA = {"wav": "audio/wav", "flac": "audio/flac"}
 
 
@@ -148,67 +144,14 @@ class DitDeployment:
         return await asyncio.to_thread(self.dit.render, DitRequest(**request), loaded)
 
 
-def _error(exc: BaseException) -> JSONResponse:
-    return JSONResponse({"error": str(exc) or type(exc).__name__}, status_code=http_status(exc))
-
-
-async def _remote(response: Any) -> Any:
-    """Await a handle call; a HotstepError raised in a replica comes back as itself."""
-    try:
-        return await response
-    except HotstepError:
-        raise
-    except Exception as exc:
-        cause = getattr(exc, "cause", None)
-        if isinstance(cause, HotstepError):
-            raise cause from None
-        raise
-
-
 def make_api(config: AuditionAppConfig) -> FastAPI:
     """The FastAPI app with the body cap, the bearer token and the error mapping."""
-    api = FastAPI(
+    return guarded_api(
         title="hotstep-ray audition",
         description="Hear ACE-Step 1.5 adapters: codes -> audio, LM A/B, DiT audition.",
-        version="0.1.0",
+        token=config.token,
+        max_body_bytes=config.max_body_bytes,
     )
-    token = config.token if config.token is not None else os.environ.get("HOTSTEP_TOKEN") or ""
-    cap = config.max_body_bytes
-
-    @api.middleware("http")
-    async def guard(request: Request, call_next):
-        if token and request.url.path not in PUBLIC_PATHS:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)
-        if request.method in ("POST", "PUT", "PATCH"):
-            length = request.headers.get("content-length")
-            if length is None or not length.isdigit():
-                return JSONResponse({"error": "a Content-Length header is required"}, 411)
-            if int(length) > cap:
-                return JSONResponse(
-                    {"error": f"request body of {length} bytes exceeds the {cap}-byte cap"}, 413
-                )
-        return await call_next(request)
-
-    @api.exception_handler(HotstepError)
-    async def hotstep_error(_request: Request, exc: HotstepError):
-        return _error(exc)
-
-    @api.exception_handler(RequestValidationError)
-    async def invalid_body(_request: Request, exc: RequestValidationError):
-        detail = [
-            {
-                "loc": [str(p) for p in e.get("loc", ())],
-                "msg": str(e.get("msg")),
-                "type": e.get("type"),
-            }
-            for e in exc.errors()
-        ]
-        problems = [f"{'.'.join(d['loc'][1:]) or 'body'}: {d['msg']}" for d in detail]
-        return JSONResponse({"error": "; ".join(problems), "detail": detail}, 422)
-
-    return api
 
 
 def build_ingress(config: AuditionAppConfig):
@@ -249,10 +192,10 @@ def build_ingress(config: AuditionAppConfig):
         async def _generate(self, request: LmRequest):
             model_id = self._lm_id(request.lm_adapter)
             handle = self.planner.options(multiplexed_model_id=model_id)
-            return await _remote(handle.generate.remote(request.model_dump()))
+            return await remote(handle.generate.remote(request.model_dump()))
 
         async def _decode(self, codes: list[int], fmt: str):
-            return await _remote(self.decoder.decode.remote(codes, fmt))
+            return await remote(self.decoder.decode.remote(codes, fmt))
 
         @api.get("/health")
         async def health(self) -> dict:
@@ -302,7 +245,7 @@ def build_ingress(config: AuditionAppConfig):
                 key = catalogue.resolve_dit_adapter(self.storage, body.dit_adapter, self.dit_name)
                 model_id = key.removeprefix(f"{catalogue.ROOT}/")
             handle = self.dit.options(multiplexed_model_id=model_id)
-            result, audio = await _remote(handle.render.remote(body.model_dump()))
+            result, audio = await remote(handle.render.remote(body.model_dump()))
             await asyncio.to_thread(
                 self.store.write, result.preview_id, result.to_json_dict(), audio
             )
@@ -351,7 +294,9 @@ def build_suspended_app(config: AuditionAppConfig | dict):
 
         @api.api_route("/{path:path}", methods=["GET", "POST"])
         async def suspended(self, path: str) -> JSONResponse:
-            return _error(EngineSuspendedError("audition engine released for a training job"))
+            return error_response(
+                EngineSuspendedError("audition engine released for a training job")
+            )
 
     return AuditionSuspended.bind()
 

@@ -18,26 +18,20 @@ No `from __future__ import annotations` here: FastAPI reads the route annotation
 """
 
 import asyncio
-import hmac
-import os
 import sys
 from typing import Any
 
 import ray.cloudpickle
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi import FastAPI
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from hotstep_ray.audition.errors import http_status
-from hotstep_ray.core.errors import HotstepError
+from hotstep_ray.audition.http_api import guarded_api, remote
 from hotstep_ray.mm3.audition import Mm3AuditionRequest
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-PUBLIC_PATHS = ("/health", "/docs", "/openapi.json", "/redoc", "/docs/oauth2-redirect")
 
 
 class Mm3AppConfig(BaseModel):
@@ -77,59 +71,14 @@ class Mm3AuditionDeployment:
         return await asyncio.to_thread(self.audition.generate, Mm3AuditionRequest(**request))
 
 
-def _error(exc: BaseException) -> JSONResponse:
-    return JSONResponse({"error": str(exc) or type(exc).__name__}, status_code=http_status(exc))
-
-
 def make_api(config: Mm3AppConfig) -> FastAPI:
-    api = FastAPI(
+    """The FastAPI app with the body cap, the bearer token and the error mapping."""
+    return guarded_api(
         title="hotstep-ray MM3 audition",
         description="Hear MiniMax-Music3 DiT LoRAs: base vs adapter, one seed.",
-        version="0.1.0",
+        token=config.token,
+        max_body_bytes=config.max_body_bytes,
     )
-    token = config.token if config.token is not None else os.environ.get("HOTSTEP_TOKEN") or ""
-    cap = config.max_body_bytes
-
-    @api.middleware("http")
-    async def guard(request: Request, call_next):
-        if token and request.url.path not in PUBLIC_PATHS:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)
-        if request.method == "POST":
-            length = request.headers.get("content-length")
-            if length is None or not length.isdigit():
-                return JSONResponse({"error": "a Content-Length header is required"}, 411)
-            if int(length) > cap:
-                return JSONResponse({"error": f"body over the {cap}-byte cap"}, 413)
-        return await call_next(request)
-
-    @api.exception_handler(HotstepError)
-    async def hotstep_error(_request: Request, exc: HotstepError):
-        return _error(exc)
-
-    @api.exception_handler(RequestValidationError)
-    async def invalid_body(_request: Request, exc: RequestValidationError):
-        problems = [
-            f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'body'}: {e.get('msg')}"
-            for e in exc.errors()
-        ]
-        return JSONResponse({"error": "; ".join(problems)}, 422)
-
-    return api
-
-
-async def _remote(response: Any) -> Any:
-    """Await a handle call; a HotstepError raised in the replica comes back as itself."""
-    try:
-        return await response
-    except HotstepError:
-        raise
-    except Exception as exc:
-        cause = getattr(exc, "cause", None)
-        if isinstance(cause, HotstepError):
-            raise cause from None
-        raise
 
 
 def build_ingress(config: Mm3AppConfig):
@@ -168,7 +117,7 @@ def build_ingress(config: Mm3AppConfig):
         async def audition(self, body: Mm3AuditionRequest) -> dict:
             from hotstep_ray.mm3.audition import save_preview
 
-            result = await _remote(self.audition.generate.remote(body.model_dump()))
+            result = await remote(self.audition.generate.remote(body.model_dump()))
             await asyncio.to_thread(save_preview, self.storage, result)
             return result.to_json_dict()
 
