@@ -43,3 +43,19 @@ def handle_errors(func: F) -> F:
 def print_json(value: Any) -> None:
     """Plain JSON on stdout (no rich markup), for scripts."""
     typer.echo(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def print_eval(event: Any) -> None:
+    """One `eval` metric event of a training run: the held-out loss of an epoch (`*` = best so
+    far) or one calibration grid point (`<- winner`)."""
+    extra = event.model_extra or {}
+    if extra.get("split") == "holdout":
+        mark = " *" if extra.get("best") else ""
+        console.print(f"  held-out loss {event.loss:.4f}{mark}", highlight=False)
+        return
+    mark = "  <- winner" if extra.get("winner") else ""
+    console.print(
+        f"  calibrate {extra.get('candidate')} x{extra.get('scale', 0):g}  "
+        f"score {extra.get('score', float('nan')):.4f}{mark}",
+        highlight=False,
+    )

@@ -19,7 +19,7 @@ from typing import Any
 
 import typer
 
-from hotstep_ray.cli.common import console, handle_errors, print_json
+from hotstep_ray.cli.common import console, handle_errors, print_eval, print_json
 from hotstep_ray.core.contracts import TrainDitOptions
 from hotstep_ray.core.events import LogEvent, MetricEvent
 from hotstep_ray.core.jobs import Job
@@ -52,17 +52,7 @@ def _console_sink(event) -> None:
             highlight=False,
         )
     elif isinstance(event, MetricEvent) and event.metric == "eval":
-        extra = event.model_extra or {}
-        if extra.get("split") == "holdout":
-            mark = " *" if extra.get("best") else ""
-            console.print(f"  held-out loss {event.loss:.4f}{mark}", highlight=False)
-        else:
-            mark = "  <- winner" if extra.get("winner") else ""
-            console.print(
-                f"  calibrate {extra.get('candidate')} x{extra.get('scale', 0):g}  "
-                f"score {extra.get('score', float('nan')):.4f}{mark}",
-                highlight=False,
-            )
+        print_eval(event)
     elif isinstance(event, MetricEvent) and event.metric == "milestone":
         console.print(f"  [green]milestone[/] {event.path}", highlight=False)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import typer
 
-from hotstep_ray.cli.common import console, handle_errors, print_json
+from hotstep_ray.cli.common import console, handle_errors, print_eval, print_json
 from hotstep_ray.core import layout
 from hotstep_ray.core.contracts import TrainLmOptions
 from hotstep_ray.core.errors import InputError
@@ -59,17 +59,7 @@ def _print_event(event: Any) -> None:
         style = {"info": "dim", "warn": "yellow", "error": "red"}[event.level]
         console.print(f"  [{style}]{event.message}[/]", highlight=False, soft_wrap=True)
     elif isinstance(event, MetricEvent) and event.metric == "eval":
-        extra = event.model_extra or {}
-        if extra.get("split") == "holdout":
-            mark = " *" if extra.get("best") else ""
-            console.print(f"  held-out loss {event.loss:.4f}{mark}", highlight=False)
-        else:
-            mark = "  <- winner" if extra.get("winner") else ""
-            console.print(
-                f"  calibrate {extra.get('candidate')} x{extra.get('scale', 0):g}  "
-                f"score {extra.get('score', float('nan')):.4f}{mark}",
-                highlight=False,
-            )
+        print_eval(event)
     elif isinstance(event, MetricEvent) and event.metric == "epoch":
         extra = event.model_extra or {}
         mark = " *" if extra.get("best") else ""
