@@ -252,6 +252,10 @@ class PreprocessOptions(Options):
     vae_overlap_frames: int = Field(default=48, ge=0)  # route 48; the type comment's 64 is stale
     overwrite: bool = False
     output_dir: str = ""
+    # Ours, beyond the studio route: Side-Step's `<stem>.pt` beside each safetensors file (for
+    # users who still train with Side-Step), and the posterior-noise seed mixed with each sample id.
+    sidestep_pt: bool = False
+    seed: int = Field(default=0, ge=0)
 
 
 # -- training ------------------------------------------------------------------------------------

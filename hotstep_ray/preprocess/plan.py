@@ -16,8 +16,6 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pydantic import Field
-
 from hotstep_ray.core import layout
 from hotstep_ray.core.contracts import DatasetSummary, PreprocessOptions
 from hotstep_ray.core.errors import InputError, StorageError
@@ -62,17 +60,13 @@ _SETTING_FIELDS = (
 _STEM_BAD = re.compile(r"[^A-Za-z0-9._-]")
 
 
-class PreprocessRunOptions(PreprocessOptions):
-    """`PreprocessOptions` plus the two settings the shared contract lacks (see the report)."""
-
-    sidestep_pt: bool = False  # also write Side-Step's `<stem>.pt` next to each safetensors
-    seed: int = Field(default=0, ge=0)  # posterior-noise seed, mixed with each sample id
+# The run's options are the contract's (`sidestep_pt` and `seed` live there with their defaults);
+# the name stays for the stage code that reads it.
+PreprocessRunOptions = PreprocessOptions
 
 
 def as_run_options(options: PreprocessOptions) -> PreprocessRunOptions:
-    if isinstance(options, PreprocessRunOptions):
-        return options
-    return PreprocessRunOptions.model_validate(options.model_dump())
+    return options
 
 
 @dataclass

@@ -45,7 +45,7 @@ def preprocess_dataset(
 ) -> PreprocessResult:
     """Preprocess dataset `slug` into `tensors/<slug>/<variant_key>/` and return what happened.
 
-    `options` may be a `PreprocessOptions` or `PreprocessRunOptions` (adds `sidestep_pt`,
+    `options`: the contract's `PreprocessOptions` (incl. `sidestep_pt` and
     `seed`). `executor="ray"` runs the Ray Data pipeline (`ray_config`: a
     `RayPipelineConfig`); `device` forces the plain path's device ("cpu", "cuda:1").
     """
