@@ -85,12 +85,10 @@ from hotstep_ray.training.lm import LmEngine
 EXAMPLE_SONGS_KEY = "examples/songs"
 EXAMPLE_DATASET_NAME = "examples"
 EXAMPLE_TRIGGER = "hsdemo"
-TINY_CHECKPOINTS_KEY = "checkpoints/tiny"
+TINY_CHECKPOINTS_KEY = layout.TINY_CHECKPOINTS
 TINY_SEED = 0
 TINY_SECONDS = 2.0  # the tiny job's songs are cut here: VAE encoding dominates on a CPU
 AB_SEED = 42
-PLOT_FILE = "loss.png"
-RESULT_FILE = "result.json"  # the studio serves jobs/<id>/result.json
 AUDITION_APP = "audition"
 # The stage names, in order: the main job's phases and the rows of the final table.
 STAGES = (
@@ -375,7 +373,7 @@ def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> Ma
                 row.note("loss per step of both runs", plot_url)
         else:
             _skip(job, reports, ("train-dit", "train-lm", "audition", "report"), "--skip-train")
-        result_key = f"{layout.job_dir(job.id)}/{RESULT_FILE}"
+        result_key = layout.job_result(job.id)
         result = MainJobResult(
             job_id=job.id,
             label_job_id=label_report.job_id,
@@ -705,7 +703,7 @@ def report_stage(storage: Storage, job_id: str, *runs: TrainedAdapter) -> str:
         points = run.step_losses or [(i + 1, v) for i, v in enumerate(run.epoch_losses)]
         title = f"{run.kind} {run.adapter_type} loss, {len(run.epoch_losses)} epochs"
         series.append(Series(title, points))
-    key = f"{layout.job_dir(job_id)}/{PLOT_FILE}"
+    key = layout.job_loss_plot(job_id)
     storage.write_bytes(key, loss_plot(series))
     return storage.url_of(key)
 

@@ -114,6 +114,14 @@ def tensor_dir(slug: str, variant_key: str) -> str:
     return f"tensors/{check_name(slug, 'dataset slug')}/{check_name(variant_key, 'variant key')}"
 
 
+PREPROCESS_META_FILE = "preprocess_meta.json"  # in a tensor dir: what preprocess wrote, per sample
+
+
+def preprocess_meta(tensors_dir: str) -> str:
+    """`<tensors_dir>/preprocess_meta.json` of a tensor cache folder (`tensor_dir`)."""
+    return f"{tensors_dir}/{PREPROCESS_META_FILE}"
+
+
 def job_dir(job_id: str) -> str:
     return f"jobs/{check_name(job_id, 'job id')}"
 
@@ -124,6 +132,29 @@ def job_record(job_id: str) -> str:
 
 def job_events(job_id: str) -> str:
     return f"{job_dir(job_id)}/events.jsonl"
+
+
+def job_result(job_id: str) -> str:
+    """What a job returned (studio jobs, the main job): artifacts and numbers as JSON."""
+    return f"{job_dir(job_id)}/result.json"
+
+
+def job_meta(job_id: str) -> str:
+    """The studio's own record of a job (runner, actor name, options)."""
+    return f"{job_dir(job_id)}/_meta.json"
+
+
+def job_loss_plot(job_id: str) -> str:
+    """The main job's loss chart (PNG)."""
+    return f"{job_dir(job_id)}/loss.png"
+
+
+def job_side_events(job_id: str, name: str) -> str:
+    """A stage's own event log inside a studio job (e.g. the Ray Train worker's), folded in."""
+    return f"{job_dir(job_id)}/{check_name(name, 'event log name')}.jsonl"
+
+
+TINY_CHECKPOINTS = "checkpoints/tiny"  # the main job's tiny checkpoint tree on a local root
 
 
 def preview_dir(preview_id: str) -> str:

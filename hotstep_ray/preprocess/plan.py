@@ -28,7 +28,7 @@ from hotstep_ray.models.prompts import build_lyric_prompt, normalize_lyrics
 from hotstep_ray.preprocess.model_paths import ModelPaths, model_fingerprint, resolve_models
 
 FORMAT = "hotstep-ray-preprocess-v1"
-META_FILE = "preprocess_meta.json"
+META_FILE = layout.PREPROCESS_META_FILE
 # Record fields that change a sample's tensors or its stored metadata.
 _RECORD_FIELDS = (
     "caption",

@@ -46,11 +46,11 @@ class StudioJobMeta(JobSummary):
 
 
 def meta_key(job_id: str) -> str:
-    return f"{layout.job_dir(job_id)}/_meta.json"
+    return layout.job_meta(job_id)
 
 
 def result_key(job_id: str) -> str:
-    return f"{layout.job_dir(job_id)}/result.json"
+    return layout.job_result(job_id)
 
 
 def read_meta(storage: Storage, job_id: str) -> StudioJobMeta | None:

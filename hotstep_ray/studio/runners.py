@@ -109,7 +109,7 @@ def train_lm(ctx: StageContext, entry: Callable[..., Any]) -> Any:
     given = {**options.model_dump(exclude_unset=True), "adapter_name": name}
     recipe = TrainLmOptions(**given)
     codes_key = find_codes(ctx.storage, ctx.slug, options.variant_key)
-    side_key = f"{layout.job_dir(ctx.job.id)}/train_events.jsonl"
+    side_key = layout.job_side_events(ctx.job.id, "train_events")
     spec = lm.LmTrainSpec(
         options=recipe,
         lm_dir=str(lm.resolve_lm_dir(ctx.checkpoints_dir, recipe.lm_size, recipe.lm_model)),

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from safetensors.torch import load as load_safetensors_bytes
 
+from hotstep_ray.core import layout
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.models.acestep_ops import TrainBatch
@@ -52,7 +53,7 @@ TENSOR_NAMES = {
     "genre_condition": "encoder_hidden_states_genre",
     "genre_mask": "encoder_attention_mask_genre",
 }
-META_FILE = "preprocess_meta.json"
+META_FILE = layout.PREPROCESS_META_FILE
 STATS_FILE = "channel_stats.json"
 LATENT_CHANNELS = 64
 

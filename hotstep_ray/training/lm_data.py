@@ -38,6 +38,7 @@ from typing import Any, Literal
 import torch
 from transformers import LogitsProcessor, PreTrainedTokenizerBase
 
+from hotstep_ray.core import layout
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.models import lm_tokenizer, prompts
 
@@ -216,7 +217,7 @@ def write_lm_codes(path: str | Path, songs: Sequence[LmSong]) -> Path:
 
 
 # -- the extract stage: lm_codes.jsonl from the tensor cache -------------------------------------
-META_FILE = "preprocess_meta.json"
+META_FILE = layout.PREPROCESS_META_FILE
 # Row fields that say which file (and which tokenizer) the codes came from (HOT-Step's reuse rule):
 # a row is reused iff all four still match the sample's tensor file.
 STAMP_FIELDS = ("_id", "_st_bytes", "_st_mtime_ms", "_tok")

@@ -96,3 +96,15 @@ def test_mm3_dit_adapters_have_their_own_folder_and_newest_run(tmp_path):
     assert layout.latest_mm3_dit_run(storage, "band") == new
     with pytest.raises(InputError):
         layout.latest_mm3_dit_run(storage, "../x")
+
+
+def test_job_and_tensor_files_are_named_in_one_place():
+    assert layout.job_result("j1") == "jobs/j1/result.json"
+    assert layout.job_meta("j1") == "jobs/j1/_meta.json"
+    assert layout.job_loss_plot("j1") == "jobs/j1/loss.png"
+    assert layout.job_side_events("j1", "train_events") == "jobs/j1/train_events.jsonl"
+    assert layout.preprocess_meta(layout.tensor_dir("band", "turbo")) == (
+        "tensors/band/turbo/preprocess_meta.json"
+    )
+    with pytest.raises(InputError):
+        layout.job_side_events("j1", "../escape")
