@@ -142,7 +142,7 @@ class DitAudition:
             self.models, text, text_mask, lyric, lyric_mask, timbre.to(text.dtype), order
         )
 
-    def _context(self, request: DitRequest, frames: int) -> torch.Tensor:
+    def context_latents(self, request: DitRequest, frames: int) -> torch.Tensor:
         if frames > self.models.silence_latent.shape[1]:
             limit = self.models.silence_latent.shape[1] / LATENT_HZ
             raise InputError(
@@ -212,7 +212,7 @@ class DitAudition:
         caption = catalogue.apply_triggers(request.caption, [trigger] if trigger else [])
         frames = int(request.duration * LATENT_HZ)
         cond, _ = self._condition(caption, request)
-        context = self._context(request, frames)
+        context = self.context_latents(request, frames)
         preview_id = uuid.uuid4().hex
         plan: list[tuple[str, LoadedDit | None]] = []
         if adapter is None or request.base_side:

@@ -130,7 +130,7 @@ class DitWorker:
             set_scale(transformer, scale)
             models = dataclasses.replace(models, transformer=transformer)
         frames = int(request.duration * LATENT_HZ)
-        context = self.audition._context(request, frames)
+        context = self.audition.context_latents(request, frames)
         seed = int(request.seed or 0)
         out = self.audition._sample(models, self._condition(request), context, request, seed)
         return out.latents[0].float().cpu()

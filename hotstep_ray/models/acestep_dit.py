@@ -191,7 +191,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value
 
 
-def _headers(files: list[Path]) -> dict[str, tuple[Path, dict[str, Any]]]:
+def read_headers(files: list[Path]) -> dict[str, tuple[Path, dict[str, Any]]]:
     """Tensor name -> (file, header entry) over all shards, refusing quantized tensors."""
     entries: dict[str, tuple[Path, dict[str, Any]]] = {}
     for path in files:
@@ -205,7 +205,7 @@ def _headers(files: list[Path]) -> dict[str, tuple[Path, dict[str, Any]]]:
     return entries
 
 
-def _build(component: str, kwargs: dict[str, Any]) -> torch.nn.Module:
+def build_component(component: str, kwargs: dict[str, Any]) -> torch.nn.Module:
     # Parameters on the meta device (filled by assignment below); buffers stay real because
     # diffusers rebuilds the FSQ `_levels`/`_basis`/`scales` in __init__ and never saves them.
     cls = MODEL_CLASSES[component]
@@ -219,7 +219,7 @@ def _limited(keys: list[str], limit: int = 6) -> str:
     return shown + (f", ... ({len(keys)} total)" if len(keys) > limit else "")
 
 
-def _check_keys(
+def check_keys(
     model: torch.nn.Module,
     found: dict[str, tuple[str, tuple[int, ...]]],
     component: str,
@@ -248,7 +248,7 @@ def _check_keys(
         raise CheckpointError(f"{source}: " + "; ".join(problems))
 
 
-def _fill(
+def fill_weights(
     model: torch.nn.Module,
     tensors: dict[str, tuple[Path, str]],
     device: torch.device,
@@ -269,13 +269,13 @@ def _fill(
         raise CheckpointError(f"parameters left unloaded: {_limited(still_meta)}")
 
 
-def _set_silence(encoder: AceStepConditionEncoder, silence: torch.Tensor) -> None:
+def set_silence(encoder: AceStepConditionEncoder, silence: torch.Tensor) -> None:
     # The buffer's default shape is [1, 15000, 64]; tiny or trimmed files are shorter, so the
     # buffer is re-registered rather than copied into.
     encoder.register_buffer(SILENCE_KEY, silence.contiguous(), persistent=True)
 
 
-def _check_silence(silence: Any, source: str, channels: int) -> torch.Tensor:
+def check_silence(silence: Any, source: str, channels: int) -> torch.Tensor:
     if not isinstance(silence, torch.Tensor) or silence.ndim != 3 or silence.shape[0] != 1:
         shape = tuple(silence.shape) if isinstance(silence, torch.Tensor) else type(silence)
         raise CheckpointError(f"{source}: expected a [1, {channels}, N] tensor, found {shape}")
@@ -284,7 +284,7 @@ def _check_silence(silence: Any, source: str, channels: int) -> torch.Tensor:
     return silence
 
 
-def _finish(
+def finish_models(
     parts: dict[str, torch.nn.Module],
     silence: torch.Tensor,
     config: dict[str, Any],
@@ -293,7 +293,7 @@ def _finish(
     device: torch.device,
     dtype: torch.dtype,
 ) -> AceStepModels:
-    _set_silence(parts[CONDITION_ENCODER], silence.to(device=device, dtype=dtype))
+    set_silence(parts[CONDITION_ENCODER], silence.to(device=device, dtype=dtype))
     if variant.layout == "xl":
         install_timbre_token(parts[CONDITION_ENCODER])
     for module in parts.values():
@@ -328,7 +328,7 @@ def _load_official(
     files, problems = weight_files(folder, "model")
     if problems:
         raise CheckpointError(f"{folder}: " + "; ".join(problems))
-    entries = _headers(files)
+    entries = read_headers(files)
     routed: dict[str, dict[str, tuple[str, tuple[int, ...]]]] = {name: {} for name in COMPONENTS}
     unrouted = []
     for key, (_path, entry) in entries.items():
@@ -354,7 +354,7 @@ def _load_official(
     except Exception as exc:  # a truncated or non-tensor pickle
         raise CheckpointError(f"{silence_path}: unreadable ({exc})") from exc
     channels = int(config.get("audio_acoustic_hidden_dim", 64))
-    silence = _check_silence(raw, str(silence_path), channels).transpose(1, 2)  # [1, N, 64]
+    silence = check_silence(raw, str(silence_path), channels).transpose(1, 2)  # [1, N, 64]
     if silence.shape[-1] != channels:
         raise CheckpointError(
             f"{silence_path}: expected [1, {channels}, N], found {list(raw.shape)}"
@@ -362,15 +362,15 @@ def _load_official(
 
     parts = {}
     for component in COMPONENTS:
-        model = _build(component, kwargs[component])
+        model = build_component(component, kwargs[component])
         optional = (SILENCE_KEY,) if component == CONDITION_ENCODER else ()
-        _check_keys(model, routed[component], component, source, optional)
+        check_keys(model, routed[component], component, source, optional)
         tensors = {ours: (entries[key][0], key) for ours, (key, _) in routed[component].items()}
-        _fill(model, tensors, device, dtype)
+        fill_weights(model, tensors, device, dtype)
         parts[component] = model
     kind, layout = dit_variant(config, folder.name)
     variant = VariantInfo(kind, layout, "official", window_rule)
-    return _finish(parts, silence, config, variant, folder, device, dtype)
+    return finish_models(parts, silence, config, variant, folder, device, dtype)
 
 
 # --------------------------------------------------------------------------- diffusers layout
@@ -399,16 +399,16 @@ def _load_diffusers(
         files, problems = weight_files(sub, "diffusion_pytorch_model")
         if problems:
             raise CheckpointError(f"{sub}: " + "; ".join(problems))
-        entries = _headers(files)
+        entries = read_headers(files)
         found = {key: (key, tuple(entry["shape"])) for key, (_, entry) in entries.items()}
-        model = _build(component, kwargs)
+        model = build_component(component, kwargs)
         optional = (SILENCE_KEY,) if component == CONDITION_ENCODER else ()
-        _check_keys(model, found, component, ", ".join(str(path) for path in files), optional)
+        check_keys(model, found, component, ", ".join(str(path) for path in files), optional)
         if component == CONDITION_ENCODER and SILENCE_KEY in entries:
             path = entries.pop(SILENCE_KEY)[0]
             with safe_open(str(path), framework="pt", device="cpu") as handle:
                 silence = handle.get_tensor(SILENCE_KEY).float()  # [1, N, 64]
-        _fill(model, {key: (path, key) for key, (path, _) in entries.items()}, device, dtype)
+        fill_weights(model, {key: (path, key) for key, (path, _) in entries.items()}, device, dtype)
         parts[component] = model
 
     if silence is None:  # the diffusers converter also keeps the raw file at the root
@@ -419,7 +419,7 @@ def _load_diffusers(
                 "silence_latent.pt at the root"
             )
         raw = torch.load(raw_path, map_location="cpu", weights_only=True)
-        silence = _check_silence(raw, str(raw_path), 64).transpose(1, 2)
+        silence = check_silence(raw, str(raw_path), 64).transpose(1, 2)
 
     transformer_config = configs[TRANSFORMER]
     config = official_config_from_diffusers(configs)
@@ -432,7 +432,7 @@ def _load_diffusers(
         folder.name,
     )
     variant = VariantInfo(kind, layout, "diffusers", window_rule)
-    return _finish(parts, silence, config, variant, folder, device, dtype)
+    return finish_models(parts, silence, config, variant, folder, device, dtype)
 
 
 # --------------------------------------------------------------------------- writing

@@ -303,7 +303,7 @@ def build_dit(
     )
     parts: dict[str, torch.nn.Module] = {}
     for index, component in enumerate(COMPONENTS):
-        model = acestep_dit._build(component, kwargs[component])
+        model = acestep_dit.build_component(component, kwargs[component])
         optional = (acestep_dit.SILENCE_KEY,) if component == CONDITION_ENCODER else ()
         shapes = {
             key: tuple(value.shape)
@@ -319,7 +319,7 @@ def build_dit(
             if routed_component != component:
                 raise CheckpointError(f"{official}: routed to {routed_component}, not {component}")
             found[ours] = (official, shape)
-        acestep_dit._check_keys(model, found, component, "full_configs", optional)
+        acestep_dit.check_keys(model, found, component, "full_configs", optional)
         state = _random_state(
             {ours: shape for ours, (_, shape) in found.items()},
             _dit_rule,
@@ -338,7 +338,7 @@ def build_dit(
     silence = walk.cumsum(dim=-1).transpose(1, 2)
     kind, layout = dit_variant(config)
     variant = VariantInfo(kind, layout, "official", window_rule)
-    return acestep_dit._finish(
+    return acestep_dit.finish_models(
         parts, silence, copy.deepcopy(config), variant, Path("random-init"), device, dtype
     )
 
@@ -348,7 +348,7 @@ def dit_param_counts(config: dict[str, Any]) -> dict[str, int]:
     kwargs = diffusers_kwargs(config, source="full_configs")
     counts: dict[str, int] = {}
     for component in COMPONENTS:
-        model = acestep_dit._build(component, kwargs[component])
+        model = acestep_dit.build_component(component, kwargs[component])
         counts[component] = sum(param.numel() for param in model.parameters())
         if component == CONDITION_ENCODER:
             for child in ("text_projector", "lyric_encoder", "timbre_encoder"):
@@ -387,7 +387,7 @@ def build_text_encoder(
     model.load_state_dict(
         _random_state(shapes, _qwen_rule, device, dtype, seed), strict=True, assign=True
     )
-    return text_models._finish(model, device)
+    return text_models.finish_model(model, device)
 
 
 def build_lm(
@@ -410,7 +410,7 @@ def build_lm(
     model.load_state_dict(state, strict=False, assign=True)
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
-    return text_models._finish(model, device)
+    return text_models.finish_model(model, device)
 
 
 def build_vae(
@@ -432,8 +432,8 @@ def build_vae(
             norm = v.flatten(1).norm(dim=1).reshape(shapes[name])
             state[name] = norm.to(dtype).contiguous()
     model.load_state_dict(state, strict=True, assign=True)
-    text_models._refresh_weight_norm(model)
-    return text_models._finish(model, device)
+    text_models.refresh_weight_norm(model)
+    return text_models.finish_model(model, device)
 
 
 def meta_param_count(kind: str, config: dict[str, Any] | None = None) -> int:

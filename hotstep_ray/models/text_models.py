@@ -147,7 +147,7 @@ def _materialize_buffers(model: torch.nn.Module, device: torch.device) -> None:
         setattr(model.get_submodule(parent_name) if parent_name else model, child, rebuilt)
 
 
-def _finish(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+def finish_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     _materialize_buffers(model, device)
     leftover = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if leftover:
@@ -182,7 +182,7 @@ def load_text_encoder(
     hint = f"config.json: hidden_size={config.hidden_size}, vocab_size={config.vocab_size}"
     _check_keys(folder, "model", expected, _rename(found, rename), hint)
     model.load_state_dict(_load_tensors(found, rename, device, dtype), strict=True, assign=True)
-    return _finish(model, device)
+    return finish_model(model, device)
 
 
 def _lm_rename(names: Sequence[str], tied: bool) -> dict[str, str | None]:
@@ -221,7 +221,7 @@ def load_lm(
     model.load_state_dict(state, strict=False, assign=True)
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
-    return _finish(model, device)
+    return finish_model(model, device)
 
 
 def load_vae(
@@ -250,11 +250,11 @@ def load_vae(
     hint = f"config.json: encoder_hidden_size={raw.get('encoder_hidden_size')}"
     _check_keys(folder, VAE_WEIGHTS, expected, found, hint)
     model.load_state_dict(_load_tensors(found, rename, device, dtype), strict=True, assign=True)
-    _refresh_weight_norm(model)
-    return _finish(model, device)
+    refresh_weight_norm(model)
+    return finish_model(model, device)
 
 
-def _refresh_weight_norm(model: torch.nn.Module) -> None:
+def refresh_weight_norm(model: torch.nn.Module) -> None:
     """torch's (old-style) weight_norm keeps `weight` as a plain attribute recomputed from
     weight_g / weight_v before each forward; recompute it now so nothing is left on meta."""
     for module in model.modules():

@@ -60,7 +60,7 @@ def load_dit_encoders(folder: str | Path, device: torch.device, dtype: torch.dty
     files, problems = weight_files(folder, "model")
     if problems:
         raise CheckpointError(f"{folder}: " + "; ".join(problems))
-    entries = acestep_dit._headers(files)
+    entries = acestep_dit.read_headers(files)
     routed: dict[str, dict[str, tuple[str, tuple[int, ...]]]] = {
         CONDITION_ENCODER: {},
         AUDIO_TOKENIZER: {},
@@ -75,11 +75,11 @@ def load_dit_encoders(folder: str | Path, device: torch.device, dtype: torch.dty
     parts: dict[str, torch.nn.Module] = {}
     source = ", ".join(str(path) for path in files)
     for component, part_dtype in ((CONDITION_ENCODER, dtype), (AUDIO_TOKENIZER, torch.float32)):
-        model = acestep_dit._build(component, kwargs[component])
+        model = acestep_dit.build_component(component, kwargs[component])
         optional = (acestep_dit.SILENCE_KEY,) if component == CONDITION_ENCODER else ()
-        acestep_dit._check_keys(model, routed[component], component, source, optional)
+        acestep_dit.check_keys(model, routed[component], component, source, optional)
         tensors = {ours: (entries[key][0], key) for ours, (key, _) in routed[component].items()}
-        acestep_dit._fill(model, tensors, device, part_dtype)
+        acestep_dit.fill_weights(model, tensors, device, part_dtype)
         model.to(device=device).eval().requires_grad_(False)
         parts[component] = model
     silence_path = folder / "silence_latent.pt"
@@ -88,9 +88,9 @@ def load_dit_encoders(folder: str | Path, device: torch.device, dtype: torch.dty
     except Exception as exc:
         raise CheckpointError(f"{silence_path}: unreadable ({exc})") from exc
     channels = int(config.get("audio_acoustic_hidden_dim", 64))
-    silence = acestep_dit._check_silence(raw, str(silence_path), channels).transpose(1, 2)
+    silence = acestep_dit.check_silence(raw, str(silence_path), channels).transpose(1, 2)
     encoder = parts[CONDITION_ENCODER]
-    acestep_dit._set_silence(encoder, silence.to(device=device, dtype=dtype))
+    acestep_dit.set_silence(encoder, silence.to(device=device, dtype=dtype))
     kind, layout = dit_variant(config, folder.name)
     if layout == "xl":
         install_timbre_token(encoder)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hotstep_ray.models import full_configs as fc
-from hotstep_ray.models.acestep_dit import MODEL_CLASSES, _build, load_acestep_dit
+from hotstep_ray.models.acestep_dit import MODEL_CLASSES, build_component, load_acestep_dit
 from hotstep_ray.models.acestep_keys import (
     AUDIO_TOKENIZER,
     COMPONENTS,
@@ -59,7 +59,7 @@ def test_dit_totals_match_measured_peer_counts(counts) -> None:
 )
 def test_projection_shapes_and_lora_size(layout, q, kv, o, gate, down, modules, lora_r64) -> None:
     kwargs = diffusers_kwargs(fc.dit_config(layout))
-    dit = _build(TRANSFORMER, kwargs[TRANSFORMER])
+    dit = build_component(TRANSFORMER, kwargs[TRANSFORMER])
     layer = dit.layers[0]
     for attn in (layer.self_attn, layer.cross_attn):
         assert tuple(attn.to_q.weight.shape) == q
@@ -120,7 +120,7 @@ def test_config_mapping_xl_keeps_2b_encoders() -> None:
         assert (side["hidden_size"], side["intermediate_size"]) == (2048, 6144), component
         assert (side["num_attention_heads"], side["num_key_value_heads"]) == (16, 8), component
     assert kwargs[AUDIO_TOKENIZER]["fsq_dim"] == 2048
-    condition_embedder = _build(TRANSFORMER, dit).condition_embedder
+    condition_embedder = build_component(TRANSFORMER, dit).condition_embedder
     assert (condition_embedder.in_features, condition_embedder.out_features) == (2048, 2560)
 
 
