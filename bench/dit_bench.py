@@ -166,7 +166,9 @@ def configure(run: dit.DitRun, crop: int, batch: int, ckpt: str) -> None:
         crop_frames=crop,
         batch=batch,
         ckpt_layers=ckpt_layers,
-        estimate=dit_vram.estimate(run.dims, run.spec, plan, padded=False),
+        estimate=dit_vram.estimate(
+            run.dims, run.spec, plan, padded=False, compiled=run.compile != "off"
+        ),
     )
     run.frames = dit_data.batch_frames(run.cache, crop)
     dit._install_checkpointing(run.transformer, ckpt_layers, trained)
@@ -399,7 +401,7 @@ def fits(run: dit.DitRun, crop: int, batch: int, ckpt: str) -> bool:
     trained = run.fit.trained_layers
     ckpt_layers = {"off": 0, "all": trained}.get(ckpt, run.fit.ckpt_layers)
     plan = dit_vram.Plan(crop, batch, ckpt_layers, trained, CONDITION_TOKENS)
-    need = dit_vram.estimate(run.dims, run.spec, plan, padded=False).total
+    need = dit_vram.estimate(run.dims, run.spec, plan, False, run.compile != "off").total
     free, total = torch.cuda.mem_get_info(run.device)
     held = torch.cuda.memory_allocated(run.device)
     # the estimate includes what the run already holds (weights, adapter, optimizer state)

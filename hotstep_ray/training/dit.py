@@ -321,7 +321,8 @@ def prepare(
     null_condition = models.condition_encoder.null_condition_emb.detach().to(device)
     dims = dit_vram.DitDims.from_config(models.config)
 
-    # size the run to the GPU, then build the adapter
+    # size the run to the GPU (compiled blocks keep fewer activations), then build the adapter
+    mode = compile_mode(settings.compile or options.compile, device)
     spec = adapter_spec(options, settings, dims)
     fit = dit_vram.fit(
         dims,
@@ -331,6 +332,7 @@ def prepare(
         songs=len(cache.songs),
         condition_len=cache.condition_len,
         budget_bytes=_budget_bytes(settings, options, device),
+        compiled=mode != "off",
     )
     fingerprint = model_fingerprint(models.transformer)
     # Seeded adapter init (peft draws LoRA A / LoKR w1 from the global RNG): every worker of a
@@ -398,7 +400,6 @@ def prepare(
         events=events if settings.rank == 0 else None,
         params=[param for _, param in trainable],
     )
-    mode = compile_mode(settings.compile or options.compile, device)
     if mode != "off":
         compile_blocks(models.transformer, mode)
     run.compile = mode
@@ -972,7 +973,9 @@ def _adopt_fit(run: DitRun, saved: dict[str, Any]) -> None:
         saved["trained_layers"],
         run.cache.condition_len,
     )
-    need = dit_vram.estimate(run.dims, run.spec, plan, padded=saved["batch"] > 1)
+    need = dit_vram.estimate(
+        run.dims, run.spec, plan, padded=saved["batch"] > 1, compiled=run.compile != "off"
+    )
     if run.fit.budget is not None and need.total > run.fit.budget:
         raise dit_vram.VramFitError(
             f"the checkpoint's crop {plan.crop_frames} / batch {plan.batch} / "

@@ -57,6 +57,28 @@ def test_estimate_over_predicts_measured_peaks_a_little(layout, frames, ckpt, me
     assert measured <= predicted <= 1.3 * measured
 
 
+# Our own trainer with torch.compile'd blocks, measured peak GiB on an H200 (docs/BENCHMARKS.md,
+# third DiT measurement): layout, adapter, frames, batch, peak.
+LOKR512 = AdapterSpec(kind="lokr", rank=512, alpha=512, factor=6, decompose_both=True)
+COMPILED_PEAKS = [
+    ("2b", LORA64, 6000, 1, 11.1),
+    ("2b", LORA64, 6000, 2, 18.16),
+    ("xl", LORA64, 6000, 1, 24.62),
+    ("2b", LORA64, 750, 8, 12.43),
+    ("2b", LOKR512, 6000, 1, 15.59),
+]
+
+
+@pytest.mark.parametrize(("layout", "spec", "frames", "batch", "measured"), COMPILED_PEAKS)
+def test_compiled_estimate_stays_above_measured_peaks(layout, spec, frames, batch, measured):
+    dims = DIMS[layout]
+    plan = Plan(frames, batch, 0, dims.layers, 769)
+    compiled = estimate(dims, spec, plan, padded=False, compiled=True).total / GIB
+    eager = estimate(dims, spec, plan, padded=False).total / GIB
+    assert measured <= compiled <= 1.3 * measured
+    assert compiled < 0.85 * eager  # the eager model would waste a third of the GPU
+
+
 def _options(**overrides) -> TrainDitOptions:
     return TrainDitOptions(adapter_type="lora", rank=128, alpha=256, **overrides)
 
@@ -145,3 +167,14 @@ def test_step_flops_reproduce_the_peer_formula(layout, targets, tflop) -> None:
     assert flops["model"] / 1e12 == pytest.approx(tflop, abs=0.01)
     with_ckpt = step_flops(DIMS[layout], spec, 6000, 769, ckpt_layers=DIMS[layout].layers)
     assert with_ckpt["hardware"] > 1.3 * with_ckpt["model"]
+
+
+def test_compiled_runs_fit_more_into_the_same_gpu() -> None:
+    options = _options(batch=2, checkpoint_segments=1, crop_frames=6000)
+    args = {"longest_song": 6000, "songs": 10, "condition_len": 800, "budget_bytes": 30 * GB}
+    eager = fit(DIMS["2b"], LORA128, options, **args)
+    compiled = fit(DIMS["2b"], LORA128, options, compiled=True, **args)
+    # full songs at batch 2: eager has to checkpoint layers, compiled needs fewer (or none)
+    assert compiled.crop_frames == eager.crop_frames == 6000 and compiled.batch == eager.batch == 2
+    assert compiled.ckpt_layers < eager.ckpt_layers
+    assert compiled.estimate.total <= 30 * GB
