@@ -134,11 +134,16 @@ def tiny_checkpoints(tmp_path_factory) -> Path:
     return make_tiny_tree(tmp_path_factory.mktemp("checkpoints"), seed=0)
 
 
-def _run_kind(pipeline: Pipeline, kind: str, timeout_s: float = 180.0) -> PipelineRun:
+def run_kind(
+    pipeline: Pipeline, kind: str, options: dict[str, Any] | None = None, timeout_s: float = 180.0
+) -> PipelineRun:
+    """Start one job over HTTP (default options: `PIPELINE_OPTIONS`), poll it to its end, replay
+    its events and fetch its result."""
     base, token = f"{pipeline.url}{API}", pipeline.token
     started = time.monotonic()
+    body = PIPELINE_OPTIONS[kind] if options is None else options
     status, accepted = http_json(
-        "POST", f"{base}/datasets/{pipeline.dataset['slug']}/{kind}", PIPELINE_OPTIONS[kind], token
+        "POST", f"{base}/datasets/{pipeline.dataset['slug']}/{kind}", body, token
     )
     assert status == 202, (kind, status, accepted)
     job_id = accepted["jobId"]
@@ -186,5 +191,5 @@ def studio_pipeline(tmp_path_factory, rendered_songs, tiny_checkpoints, ray_sess
         assert status == 201, created
         pipeline = Pipeline(server.url, PIPELINE_TOKEN, root, created["dataset"])
         for kind in ("label", "preprocess", "train-dit", "audition"):
-            pipeline.runs[kind] = _run_kind(pipeline, kind)
+            pipeline.runs[kind] = run_kind(pipeline, kind)
         yield pipeline

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import API, PIPELINE_SONGS
+from conftest import API, PIPELINE_SONGS, run_kind
 from live_server import http_json
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -77,6 +77,40 @@ def test_every_stage_runs_as_a_job_over_http(studio_pipeline):
     # the audio route wants the token like every other route
     status, _ = http_json("GET", f"{pipeline.url}{preview['sides'][0]['audioUrl']}")
     assert status == 401
+
+
+TINY_LM = {
+    "lmSize": "0.6B",
+    "adapterType": "lora",
+    "rank": 4,
+    "alpha": 8,
+    "optimizer": "adamw",
+    "learningRate": 1e-2,
+    "epochs": 2,
+    "gradAccum": 1,
+    "targetLoss": 0,
+    "milestoneStep": 0,
+    "initAdapter": "",
+}
+
+
+def test_lm_training_and_its_audition_run_as_jobs_over_http(studio_pipeline):
+    """After the DiT side (the fixture): train-lm on the same tensor cache as a job, then the
+    same-seed LM A/B (`engine: lm`) of the newest LM adapter, both through the API."""
+    pipeline = studio_pipeline
+    train = run_kind(pipeline, "train-lm", TINY_LM)
+    assert train.result["runKey"].startswith(f"adapters/lm-06b/{pipeline.dataset['slug']}/")
+    epochs = [f for f in train.frames if f["type"] == "metric" and f["metric"] == "epoch"]
+    assert [f["epoch"] for f in epochs] == [1, 2] and all(math.isfinite(f["loss"]) for f in epochs)
+    options = {"engine": "lm", "duration": 2.0, "seed": 7, "adapter": pipeline.dataset["slug"]}
+    preview = run_kind(pipeline, "audition", options).result
+    assert preview["engine"] == "lm" and len(preview["sides"]) == 2
+    base, tuned = preview["sides"]
+    assert base["ok"] and tuned["ok"]
+    assert base["codesCount"] == tuned["codesCount"] == 10  # 2 s at 5 codes per second
+    for side in preview["sides"]:
+        audio = http_json_bytes(f"{pipeline.url}{side['audioUrl']}", pipeline.token)
+        assert audio[:4] == b"RIFF"
 
 
 def http_json_bytes(url: str, token: str) -> bytes:
