@@ -59,3 +59,10 @@ def print_eval(event: Any) -> None:
         f"score {extra.get('score', float('nan')):.4f}{mark}",
         highlight=False,
     )
+
+
+def calibration_overrides(scales: Any, seeds: Any, duration_s: Any) -> dict[str, Any]:
+    """The `--calibrate-*` flags both trainers share, as the grid overrides calibration takes
+    (only the ones given: the rest keep calibration's defaults)."""
+    given = {"scales": scales, "seeds": seeds, "duration_s": duration_s}
+    return {key: value for key, value in given.items() if value}

@@ -19,7 +19,13 @@ from typing import Any
 
 import typer
 
-from hotstep_ray.cli.common import console, handle_errors, print_eval, print_json
+from hotstep_ray.cli.common import (
+    calibration_overrides,
+    console,
+    handle_errors,
+    print_eval,
+    print_json,
+)
 from hotstep_ray.core.contracts import TrainDitOptions
 from hotstep_ray.core.events import LogEvent, MetricEvent
 from hotstep_ray.core.jobs import Job
@@ -128,13 +134,7 @@ def _run(
 
     options = build_options(variant, contract)
     check_calibrate(options)
-    calibration: dict[str, Any] = {}
-    if calibrate_scales:
-        calibration["scales"] = calibrate_scales
-    if calibrate_seeds:
-        calibration["seeds"] = calibrate_seeds
-    if calibrate_duration:
-        calibration["duration_s"] = calibrate_duration
+    calibration = calibration_overrides(calibrate_scales, calibrate_seeds, calibrate_duration)
     storage = Storage(data)
     settings = dit.DitSettings(
         dit_folder=dit_folder,

@@ -19,7 +19,13 @@ from typing import Any
 
 import typer
 
-from hotstep_ray.cli.common import console, handle_errors, print_eval, print_json
+from hotstep_ray.cli.common import (
+    calibration_overrides,
+    console,
+    handle_errors,
+    print_eval,
+    print_json,
+)
 from hotstep_ray.core import layout
 from hotstep_ray.core.contracts import TrainLmOptions
 from hotstep_ray.core.errors import InputError
@@ -169,13 +175,7 @@ def run(
         lm_model=lm_model, adapter_name=name, variant_key=variant,
         **{k: v for k, v in given.items() if v is not None},
     )  # fmt: skip
-    calibration: dict[str, Any] = {}
-    if calibrate_scales:
-        calibration["scales"] = calibrate_scales
-    if calibrate_seeds:
-        calibration["seeds"] = calibrate_seeds
-    if calibrate_duration:
-        calibration["duration_s"] = calibrate_duration
+    calibration = calibration_overrides(calibrate_scales, calibrate_seeds, calibrate_duration)
     codes_key = codes or find_codes(storage, slug, variant)
     engine = lm.LmEngine(
         device=device,
