@@ -47,7 +47,7 @@ from hotstep_ray.core.contracts import LATENT_HZ, TrainDitOptions  # noqa: E402
 from hotstep_ray.core.storage import Storage  # noqa: E402
 from hotstep_ray.models import full_configs as fc  # noqa: E402
 from hotstep_ray.models.tiny_dit import tiny_config  # noqa: E402
-from hotstep_ray.training import dit, dit_data, dit_vram  # noqa: E402
+from hotstep_ray.training import adapters, dit, dit_data, dit_vram  # noqa: E402
 
 GIB = 1024**3
 CONDITION_TOKENS = 769
@@ -89,6 +89,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--attention", default="sdpa", help="sdpa (the trainer's) | flex (experimental), comma list"
+    )
+    parser.add_argument(
+        "--kron-mix", default="gemm", choices=adapters.KRON_MIXES, help="LoKR w1-side mix"
     )
     parser.add_argument("--steps", type=int, default=8, help="timed steps per row")
     parser.add_argument("--warmup", type=int, default=3)
@@ -485,6 +488,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def main() -> int:
     args = parse_args()
+    adapters.KRON_MIX = args.kron_mix  # before any LoKR forward (and before compiling)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     started = time.time()

@@ -11,4 +11,5 @@ timeout 150 python3 bench/preprocess_bench.py --quick --budget-s 120 --out $OUT/
 # issue 6: compiled LoKR (the DiT default adapter), reduce-overhead at batch 2, XL batch 2
 B="python3 bench/dit_bench.py --steps 5 --warmup 2 --time-budget-s 100"
 timeout 110 $B --models 2b --adapters lokr512 --crops 6000 --batches 1,2 --compile default --profile --out $OUT/dit_lokr.json 2>&1 | grep '"step_ms"'
+timeout 110 $B --models 2b --adapters lokr512 --crops 6000 --batches 1,2 --compile default --kron-mix pointwise --profile --out $OUT/dit_lokr_pointwise.json 2>&1 | grep '"step_ms"'
 timeout 110 $B --models 2b --adapters lora64 --crops 6000 --batches 2 --compile reduce-overhead --out $OUT/dit_ro_b2.json 2>&1 | grep '"step_ms"'

@@ -179,6 +179,51 @@ def lokr_alpha(shape: LokrShape, spec: AdapterSpec) -> float:
     return float(spec.rank) if shape.w1_full and shape.w2_full else spec.effective_alpha
 
 
+# How `kron_linear` mixes the w1 side. "gemm": a matmul with K = c (4 on 2B, 5 on XL), which
+# cuBLAS runs with unaligned low-occupancy kernels (the LoKR step's largest kernel on an H200).
+# "pointwise": `KronMix`, c multiply-adds per output that torch.compile fuses into one pass, with
+# the w1 gradient as one split-K GEMM. Same math; which is faster is measured, not assumed
+# (bench/dit_bench.py --kron-mix), so the default stays the measured path until then.
+KRON_MIX = "gemm"
+KRON_MIXES = ("gemm", "pointwise")
+
+
+def mix_rows(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """`y[..., i, :] = Σ_j w[i, j] · h[..., j, :]` for a tiny w `[a, c]` and h `[..., c, b]`, as
+    c broadcast multiply-adds per row (no GEMM with K = c)."""
+    a, c = w.shape
+    rows = []
+    for i in range(a):
+        row = w[i, 0] * h[..., 0, :]
+        for j in range(1, c):
+            row = row + w[i, j] * h[..., j, :]
+        rows.append(row)
+    return torch.stack(rows, dim=-2)
+
+
+class KronMix(torch.autograd.Function):
+    """`mix_rows(h, w1)` with a backward that stays pointwise for h and is one GEMM for w1
+    (dw1[i, j] = Σ over every token and column of dy[.., i, :] · h[.., j, :]: K = tokens·b)."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, w1: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(h, w1)
+        return mix_rows(h, w1)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        h, w1 = ctx.saved_tensors
+        a, c = w1.shape
+        dh = mix_rows(dy, w1.t()) if ctx.needs_input_grad[0] else None
+        dw1 = None
+        if ctx.needs_input_grad[1]:
+            b = h.shape[-1]
+            dy_rows = dy.reshape(-1, a, b).transpose(0, 1).reshape(a, -1)  # [a, tokens·b]
+            h_rows = h.reshape(-1, c, b).transpose(0, 1).reshape(c, -1)  # [c, tokens·b]
+            dw1 = (dy_rows @ h_rows.t()).to(w1.dtype)
+        return dh, dw1
+
+
 def kron_linear(
     x: torch.Tensor,
     w1: torch.Tensor,
@@ -199,8 +244,11 @@ def kron_linear(
     else:
         h = h @ w2.T  # [..., c, b]
     b = h.shape[-1]
-    y = h.transpose(-1, -2) @ w1.T  # [..., b, a]
-    y = y.transpose(-1, -2).reshape(*lead, a * b)  # row index i·b + j
+    if KRON_MIX == "pointwise":
+        y = KronMix.apply(h, w1).reshape(*lead, a * b)  # [..., a, b] -> row index i·b + j
+    else:
+        y = h.transpose(-1, -2) @ w1.T  # [..., b, a]
+        y = y.transpose(-1, -2).reshape(*lead, a * b)  # row index i·b + j
     return y * scale if scale != 1.0 else y
 
 
