@@ -109,3 +109,18 @@ def test_decode_cli_writes_the_wav(tiny_tree, tmp_path):
         audition_cmd.app, ["decode", str(bad), "--checkpoints", str(tiny_tree)]
     )
     assert failed.exit_code == 2 and "outside the codebook" in failed.output
+
+
+def test_pcm16_wav_is_a_standard_16_bit_wav():
+    import io
+    import wave
+
+    from hotstep_ray.audition.decode import pcm16_wav
+
+    audio = torch.tensor([[0.0, 0.5, -1.5, 1.0], [0.25, -0.25, 2.0, -1.0]])  # [C, T], clipped
+    data = pcm16_wav(audio, sample_rate_hz=48000)
+    with wave.open(io.BytesIO(data)) as wav:
+        assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (2, 2, 48000)
+        frames = np.frombuffer(wav.readframes(4), dtype="<i2").reshape(4, 2)
+    want = np.array([[0, 8192], [16384, -8192], [-32767, 32767], [32767, -32767]])
+    assert np.array_equal(frames, want) and len(data) == 44 + 4 * 2 * 2
