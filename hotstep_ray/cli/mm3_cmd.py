@@ -3,11 +3,14 @@
     hotstep-ray mm3 preprocess SLUG --checkpoints DIR [--mode sampled|aligned] [--seed 42]
     hotstep-ray mm3 train-dit SLUG --checkpoints DIR [--steps 200 --lr 1e-4 --rank 32 ...]
                                    [--ray [--ray-address A] [--vram-gb N] [--max-failures 2]]
+    hotstep-ray mm3 train-lm SLUG --checkpoints DIR --codes DIR [--steps 800 --lr 8e-5 --rank 16 ...]
+                                   (composer-LM LoRA from RVQ codes; PEFT folder out)
     hotstep-ray mm3 tone-check --checkpoints DIR          (trap 14: 440 Hz in = 440 Hz out)
     hotstep-ray mm3 make-tiny DIR                          (a tiny MM3 in the real layout)
 
 The MM3 folder is found at DIR, DIR/mm3 or DIR/mm3/<name>/ (`mm3.checkpoint`); no ACE-Step
-weights are needed. Options map 1:1 onto `Mm3PreprocessOptions` / `Mm3TrainOptions`.
+weights are needed. Options map 1:1 onto `Mm3PreprocessOptions` / `Mm3TrainOptions` /
+`Mm3LmTrainOptions`.
 """
 
 from __future__ import annotations
@@ -190,6 +193,74 @@ def train_dit(
         print_json({k: storage.url_of(v) for k, v in paths.items()})
     else:
         console.print(f"[green]MM3 LoRA:[/] {storage.url_of(paths['lora'])}", soft_wrap=True)
+
+
+@app.command("train-lm")
+@handle_errors
+def train_lm(
+    slug: str = typer.Argument(..., help="Dataset slug (captions: <stem>.mm3.txt by the audio)."),
+    data: str = DATA,
+    checkpoints: str = CHECKPOINTS,
+    codes: str = typer.Option(..., "--codes", help="Folder of <stem>.codes files (mm3-codes)."),
+    no_warmup_row: bool = typer.Option(
+        False, "--no-warmup-row", help="The codes files have no leading warm-up row."
+    ),
+    adapter_name: str = typer.Option("", help="Run folder prefix (default: the slug)."),
+    sample_id: list[str] = typer.Option(None, help="Only these sample ids (repeatable)."),
+    rank: int = typer.Option(16),
+    alpha: float = typer.Option(32.0),
+    lr: float = typer.Option(8e-5, "--lr", help="Peak learning rate."),
+    weight_decay: float = typer.Option(0.01),
+    grad_clip: float = typer.Option(1.0, help="Global-norm clip; 0 = off."),
+    optimizer: str = typer.Option("adamw", help="adamw or muon."),
+    steps: int = typer.Option(800),
+    warmup_steps: int = typer.Option(0),
+    grad_accum: int = typer.Option(1),
+    max_frames: int = typer.Option(1500, help="Frames (25 Hz) per crop; 0 = whole songs."),
+    crop_mode: str = typer.Option("random", help="random or beginning."),
+    no_eos: bool = typer.Option(False, "--no-eos", help="Never supervise <|audio_end|>."),
+    seed: int = typer.Option(42),
+    gradient_checkpointing: bool = typer.Option(False),
+    dtype: str = typer.Option("bfloat16", help="Frozen base dtype (LoRA stays float32)."),
+    device: str = typer.Option(""),
+    trigger: str = typer.Option(""),
+    as_json: bool = typer.Option(False, "--json", help="Print the written paths as JSON."),
+) -> None:
+    """Train a LoRA on the MM3 composer LM from RVQ codes; export a PEFT folder."""
+    from hotstep_ray.core.storage import Storage
+    from hotstep_ray.mm3.lm_train import Mm3LmTrainOptions, run_train_lm
+
+    options = Mm3LmTrainOptions(
+        codes_dir=codes,
+        codes_warmup_row=not no_warmup_row,
+        adapter_name=adapter_name,
+        sample_ids=sample_id or None,
+        rank=rank,
+        alpha=alpha,
+        learning_rate=lr,
+        weight_decay=weight_decay,
+        grad_clip=grad_clip,
+        optimizer=optimizer,
+        steps=steps,
+        warmup_steps=warmup_steps,
+        grad_accum=grad_accum,
+        max_frames=max_frames,
+        crop_mode=crop_mode,
+        supervise_eos=not no_eos,
+        seed=seed,
+        gradient_checkpointing=gradient_checkpointing,
+        dtype=dtype,
+        device=device,
+        trigger=trigger,
+    )
+    storage = Storage(data)
+    paths = run_train_lm(storage, slug, checkpoints, options, sinks=(_sink,))
+    if as_json:
+        print_json({k: storage.url_of(v) for k, v in paths.items()})
+    else:
+        console.print(
+            f"[green]MM3 composer LoRA:[/] {storage.url_of(paths['run'])}", soft_wrap=True
+        )
 
 
 @app.command("tone-check")

@@ -251,3 +251,37 @@ def latest_mm3_dit_run(storage: Storage, artist: str) -> str | None:
         if not key.rsplit("/", 1)[-1].startswith(".") and storage.exists(f"{key}/{MM3_DIT_WEIGHTS}")
     ]
     return max(runs, key=lambda k: k.rsplit("/", 1)[-1]) if runs else None
+
+
+# -- MM3 LM (composer) adapters ------------------------------------------------------------------
+def mm3_lm_adapter_base() -> str:
+    """`adapters/mm3-lm-adapters`: flat run folders `<name>-<stamp>/` (HOT-Step's server layout),
+    each a PEFT folder for the composer LM. The catalogue skips this folder (`list_adapters`), so
+    no ACE reader picks an MM3 composer adapter up."""
+    return f"adapters/{MM3_LM_FOLDER}"
+
+
+def new_mm3_lm_run_dir(storage: Storage, name: str, now: float | None = None) -> str:
+    """A fresh `adapters/mm3-lm-adapters/<name>-<stamp>` key; a clash gets `-2` … `-99`, then a
+    base-36 millisecond suffix (as `new_run_dir`)."""
+    stem = f"{mm3_lm_adapter_base()}/{check_name(name, 'adapter name')}-{run_stamp(now)}"
+    if not storage.exists(stem):
+        return stem
+    for n in range(2, 100):
+        if not storage.exists(f"{stem}-{n}"):
+            return f"{stem}-{n}"
+    return f"{stem}-{_base36(int(time.time() * 1000))}"
+
+
+def latest_mm3_lm_run(storage: Storage, name: str) -> str | None:
+    """The name-last `adapters/mm3-lm-adapters/<name>-<stamp>*` folder holding
+    `adapter_model.safetensors`, or None."""
+    prefix = f"{check_name(name, 'adapter name')}-"
+    runs = [
+        key
+        for key in storage.list(mm3_lm_adapter_base())
+        if key.rsplit("/", 1)[-1].startswith(prefix)
+        and is_run_stamp(key.rsplit("/", 1)[-1][len(prefix) :])
+        and storage.exists(f"{key}/{ADAPTER_WEIGHT_FILES[0]}")
+    ]
+    return max(runs, key=lambda k: k.rsplit("/", 1)[-1]) if runs else None

@@ -408,9 +408,10 @@ def prepare(
 
 def compile_mode(requested: str, device: torch.device) -> str:
     """`auto` is `default` on CUDA (H200, 2B LoRA r64, 6000 frames: 529 -> 216 ms per step) and
-    `off` elsewhere. Compiling is refused off CUDA: Inductor's CPU code for these blocks gives
-    the eager loss but wrong adapter gradients (torch 2.13, measured: 40 % median error on the
-    tiny DiT), while its CUDA code matches eager (8e-7 in float32; bench/dit_compile_check.py)."""
+    `off` elsewhere. Compiling is refused off CUDA: Inductor's vectorised C++ kernels for these
+    blocks give the eager loss but wrong adapter gradients (torch 2.13, measured: 40 % median
+    error on the tiny DiT; right with `cpp.simdlen` 1, i.e. scalar), while its CUDA code matches
+    eager (8e-7 in float32; bench/dit_compile_check.py)."""
     if requested not in ("auto", "off", "default", "reduce-overhead"):
         raise InputError(f"compile {requested!r}: expected auto, off, default or reduce-overhead")
     if requested == "auto":

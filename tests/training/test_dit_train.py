@@ -239,14 +239,17 @@ def test_compile_mode_resolution() -> None:
 
 
 @pytest.mark.slow
-def test_captured_blocks_give_the_eager_gradients(storage, tiny_dit_dir, single_thread) -> None:
-    """The compiled-block path of the GPU default, captured by dynamo + AOTAutograd (the CPU
-    cannot run Inductor's code for it, see `dit.compile_mode`): with the key-mask processor,
-    LoRA layers and the recompiles per layer kind, the loss and every adapter gradient equal
-    the eager blocks'."""
+def test_compiled_blocks_give_the_eager_gradients(storage, tiny_dit_dir, single_thread) -> None:
+    """The compiled-block path of the GPU default, through Inductor on the CPU: with the key-mask
+    processor, LoRA layers and the recompiles per layer kind, the loss and every adapter gradient
+    equal the eager blocks'. Inductor's vectorised C++ kernels get these gradients wrong (torch
+    2.13; see `dit.compile_mode`), so this runs them scalar (`cpp.simdlen` 1): the graph capture,
+    decompositions, fusion and recompute choices are the ones the GPU's Triton code is built from."""
+    import torch._inductor.config as inductor_config
+
     options = fast_options(epochs=2, batch=2, grad_accum=1)
     runs = [dit.setup(options, storage, SLUG, settings(tiny_dit_dir)) for _ in range(2)]
-    dit.compile_blocks(runs[1].transformer, "default", backend="aot_eager")
+    dit.compile_blocks(runs[1].transformer, "default")
     assert all(block._compiled_call_impl is not None for block in runs[1].transformer.layers)
     # one starting adapter for both, with B != 0 so every LoRA factor gets a gradient
     generator = torch.Generator().manual_seed(7)
@@ -259,13 +262,14 @@ def test_captured_blocks_give_the_eager_gradients(storage, tiny_dit_dir, single_
         adapters.load_adapter_state(run.transformer, start)
         window = dit.epoch_windows(run, 1)[0]
         draws = dit.draw_window(run, window, 0)
-        out = dit.micro_batch_loss(
-            run, draws.crops[0], draws.t[0], draws.cfg_drop[0], draws.weights[0], (1, 0)
-        )
-        out.loss.backward()
+        with inductor_config.patch({"cpp.simdlen": 1}):  # compiled on the first call
+            out = dit.micro_batch_loss(
+                run, draws.crops[0], draws.t[0], draws.cfg_drop[0], draws.weights[0], (1, 0)
+            )
+            out.loss.backward()
         losses.append(out.loss.item())
         grads.append([p.grad.clone() for p in run.params])
         run.optimizer.zero_grad(set_to_none=True)
-    assert losses[1] == pytest.approx(losses[0], rel=1e-6)
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
     for eager, compiled in zip(*grads, strict=True):
-        assert ((compiled - eager).norm() / eager.norm()).item() < 1e-5
+        assert ((compiled - eager).norm() / eager.norm()).item() < 1e-4  # fused fp32 rounding
