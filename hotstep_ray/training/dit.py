@@ -402,6 +402,12 @@ def prepare(
     )
     if mode != "off":
         compile_blocks(models.transformer, mode)
+        _log(
+            run,
+            f"torch.compile ({mode}) of the {len(models.transformer.layers)} DiT blocks: the "
+            "first step of each new crop/batch shape compiles (about a minute), then steps run "
+            "at full speed",
+        )
     run.compile = mode
     return run
 
