@@ -15,6 +15,11 @@ the adapter. The adapter is a ComfyUI-format MM3 LoRA (`mm3_lora.safetensors` of
 adapter switched off (`adapters.set_enabled(False)`: peft computes the frozen layer alone), which is
 byte-identical to a DiT that never carried one (the test checks the WAV bytes).
 
+An MM3 composer-LM adapter (`lm_adapter`: a PEFT run folder of `mm3 train-lm`, or its name for
+the newest run) changes the COMPOSE half: the adapter side is then composed again, same seed, with
+the composer LoRA switched on, and rendered with the DiT adapter when one is named too; the base
+side is always base composer + base DiT.
+
 `Mm3Audition` is a plain class (scripts, tests); `serve_apps/mm3_app.py` wraps it in Ray Serve.
 """
 
@@ -59,6 +64,8 @@ class Mm3AuditionRequest(Options):
     guidance: float = Field(default=DEFAULT_GUIDANCE, ge=1.0, le=20.0)  # DiT CFG
     adapter: str = ""  # run folder / .safetensors key, or an artist (newest run); "" = base only
     adapter_scale: float = Field(default=1.0, ge=0.0, le=4.0)
+    lm_adapter: str = ""  # composer PEFT run folder key, or a run name (newest); "" = none
+    lm_adapter_scale: float = Field(default=1.0, ge=0.0, le=4.0)
 
 
 @dataclass
@@ -71,6 +78,7 @@ class Mm3AbResult:
     adapter_key: str | None  # storage key of the LoRA file heard on the adapter side
     timings_ms: dict[str, float]
     audio: dict[str, bytes] = field(default_factory=dict)  # slot -> WAV bytes
+    lm_adapter_key: str | None = None  # run folder of the composer LoRA on the adapter side
 
     def to_json_dict(self) -> dict[str, Any]:
         return {
@@ -80,6 +88,7 @@ class Mm3AbResult:
             "frames": self.frames,
             "durationS": self.duration_s,
             "adapter": self.adapter_key,
+            "lmAdapter": self.lm_adapter_key,
             "slots": sorted(self.audio),
             "timingsMs": self.timings_ms,
         }
@@ -245,25 +254,74 @@ class Mm3Audition:
         if adapters.has_adapter(self.transformer):
             adapters.set_enabled(self.transformer, enabled)
 
+    def load_lm_adapter(self, adapter: str, scale: float = 1.0) -> str:
+        """Put the composer LoRA `adapter` (a PEFT run folder key, or a run name -> its newest
+        `adapters/mm3-lm-adapters/<name>-<stamp>`) on the resident LM; returns the folder key.
+        A file of another rank replaces the LM with a fresh copy from disk first."""
+        from hotstep_ray.mm3.lm_train import LM_TARGETS
+        from hotstep_ray.training import export
+
+        key = adapter.rstrip("/")
+        if not self.storage.exists(f"{key}/{export.LORA_WEIGHTS_FILE}"):
+            found = None
+            if "/" not in key and layout._NAME_RE.match(key):
+                found = layout.latest_mm3_lm_run(self.storage, key)
+            if found is None:
+                raise NotFoundError(
+                    f"no MM3 composer LoRA {adapter!r}: give a run folder under "
+                    f"{layout.mm3_lm_adapter_base()}/ or its name"
+                )
+            key = found
+        config_key = f"{key}/{export.LORA_CONFIG_FILE}"
+        if not self.storage.exists(config_key):
+            raise InputError(f"{key} has no {export.LORA_CONFIG_FILE}")
+        rank = int(self.storage.read_json(config_key)["r"])
+        lm = self.composer.language_model
+        if adapters.has_adapter(lm) and adapters.adapter_info(lm).spec.rank != rank:
+            lm = ckpt.load_language_model(self.paths, self.dtype, str(self.device))
+            self.composer.update_components(language_model=lm)
+        if not adapters.has_adapter(lm):
+            spec = adapters.AdapterSpec(kind="lora", rank=rank, alpha=rank, targets=LM_TARGETS)
+            adapters.inject(lm, spec)
+            lm.eval()
+        export.load_exported(lm, self.storage, key)
+        adapters.set_scale(lm, scale)
+        return key
+
+    def _set_lm_adapter(self, enabled: bool) -> None:
+        lm = self.composer.language_model
+        if adapters.has_adapter(lm):
+            adapters.set_enabled(lm, enabled)
+
     # -- A/B -----------------------------------------------------------------------------------------
     def generate(self, request: Mm3AuditionRequest) -> Mm3AbResult:
         """Compose once, render base (adapter off) and, when one is named, the adapter side."""
         with self._lock, torch.inference_mode():
             timings: dict[str, float] = {}
             began = time.perf_counter()
-            adapter_key = None
+            adapter_key = lm_key = None
             if request.adapter:
                 adapter_key = self.load_adapter(request.adapter, request.adapter_scale)
-            hiddens = self.compose(
-                request.caption, request.lyrics, request.duration_s, request.seed
-            )
+            if request.lm_adapter:
+                lm_key = self.load_lm_adapter(request.lm_adapter, request.lm_adapter_scale)
+            args = (request.caption, request.lyrics, request.duration_s, request.seed)
+            self._set_lm_adapter(False)
+            hiddens = self.compose(*args)
             timings["compose"] = 1000 * (time.perf_counter() - began)
+            composed = {"base": hiddens, "adapter": hiddens}
+            if lm_key:  # the adapter side is composed by the adapted LM, same seed
+                began = time.perf_counter()
+                self._set_lm_adapter(True)
+                composed["adapter"] = self.compose(*args)
+                self._set_lm_adapter(False)
+                timings["compose_adapter"] = 1000 * (time.perf_counter() - began)
             audio: dict[str, bytes] = {}
-            sides = [("base", False)] + ([("adapter", True)] if adapter_key else [])
+            has_side = bool(adapter_key or lm_key)
+            sides = [("base", False)] + ([("adapter", True)] if has_side else [])
             for slot, enabled in sides:
                 began = time.perf_counter()
                 self._set_adapter(enabled)
-                samples = self.render(hiddens, request.seed, request.steps, request.guidance)
+                samples = self.render(composed[slot], request.seed, request.steps, request.guidance)
                 audio[slot] = wav_bytes(samples)
                 timings[slot] = 1000 * (time.perf_counter() - began)
             self._set_adapter(False)
@@ -276,6 +334,7 @@ class Mm3Audition:
             adapter_key=adapter_key,
             timings_ms=timings,
             audio=audio,
+            lm_adapter_key=lm_key,
         )
 
 
