@@ -56,6 +56,7 @@ STAGE_PARTS: dict[str, tuple[str, ...]] = {
     "encode": ("dav_encoder",),
     "condition": ("tokenizer", "language_model", "rvq_depth_decoder", "condition_encoder"),
     "train-dit": ("transformer",),
+    "train-lm": ("tokenizer", "language_model", "rvq_depth_decoder"),
     "render": ("transformer", "vocoder"),
 }
 
