@@ -54,6 +54,7 @@ from hotstep_ray.mm3.lm_data import (
     sequence,
 )
 from hotstep_ray.mm3.preprocess import resolve_device
+from hotstep_ray.mm3.train import apply_update
 from hotstep_ray.training import adapters, export
 from hotstep_ray.training.optim import build_optimizer
 from hotstep_ray.training.schedule import LrSchedule
@@ -237,19 +238,8 @@ def train_step(run: Mm3LmRun, step: int) -> dict[str, float]:
         loss = song_loss(run, song, first, count)
         (loss / opts.grad_accum).backward()
         total += loss.item() / opts.grad_accum
-    params = [p for _, p in adapters.trainable_parameters(run.lm)]
-    norm = torch.nn.utils.clip_grad_norm_(
-        params, opts.grad_clip if opts.grad_clip > 0 else math.inf
-    )
-    run.optimizer.step()
-    if run.device.type == "cuda":
-        torch.cuda.synchronize(run.device)
-    return {
-        "loss": total,
-        "lr": opts.learning_rate * factor,
-        "grad_norm": float(norm),
-        "step_ms": 1000 * (time.perf_counter() - began),
-    }
+    lr = opts.learning_rate * factor
+    return apply_update(run.lm, run.optimizer, opts.grad_clip, run.device, total, lr, began)
 
 
 @torch.no_grad()

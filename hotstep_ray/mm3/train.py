@@ -263,16 +263,31 @@ def train_step(run: Mm3Run, step: int) -> dict[str, float]:
             loss = flow.flow_loss(run.transformer, x0, noise, t, cond)
         (loss * weight).backward()
         total += loss.item() * weight
-    params = [p for _, p in adapters.trainable_parameters(run.transformer)]
-    norm = torch.nn.utils.clip_grad_norm_(
-        params, opts.grad_clip if opts.grad_clip > 0 else math.inf
+    lr = opts.learning_rate * lr_factor
+    return apply_update(
+        run.transformer, run.optimizer, opts.grad_clip, run.device, total, lr, began
     )
-    run.optimizer.step()
-    if run.device.type == "cuda":
-        torch.cuda.synchronize(run.device)
+
+
+def apply_update(
+    model: torch.nn.Module,
+    optimizer: Any,
+    grad_clip: float,
+    device: torch.device,
+    loss: float,
+    lr: float,
+    began: float,
+) -> dict[str, float]:
+    """Clip the adapter's global grad norm (0 = off), step, and the step's record (the MM3 DiT
+    and composer-LM trainers share it)."""
+    params = [p for _, p in adapters.trainable_parameters(model)]
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)
+    optimizer.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     return {
-        "loss": total,
-        "lr": opts.learning_rate * lr_factor,
+        "loss": loss,
+        "lr": lr,
         "grad_norm": float(norm),
         "step_ms": 1000 * (time.perf_counter() - began),
     }
