@@ -97,10 +97,11 @@ def _fit(budget_gb: float, **overrides):
 
 def test_auto_fit_shrinks_crop_first_then_checkpoints_then_batch() -> None:
     roomy = _fit(200, batch=4)
-    assert (roomy.crop_frames, roomy.batch, roomy.ckpt_layers) == (1250, 4, 0)
+    # crop_max 1250, aligned down to whole 16-frame (8-token) steps
+    assert (roomy.crop_frames, roomy.batch, roomy.ckpt_layers) == (1248, 4, 0)
     # a little less: the crop gives first, nothing else moves
     crop_only = _fit(roomy.estimate.total / GB * 0.9, batch=4)
-    assert 375 <= crop_only.crop_frames < 1250
+    assert 375 <= crop_only.crop_frames < 1248 and crop_only.crop_frames % 16 == 0
     assert (crop_only.batch, crop_only.ckpt_layers) == (4, 0)
     # below the minimum crop without checkpointing: checkpointing starts, crop back up
     at_min = estimate(DIMS["2b"], LORA128, Plan(376, 4, 0, 24, 800)).total / GB
@@ -128,6 +129,7 @@ def test_user_choices_are_kept() -> None:
     fixed = _fit(200, crop_frames=3001, batch=2, checkpoint_segments=6)
     assert (fixed.crop_frames, fixed.batch, fixed.ckpt_layers) == (3000, 2, 6)
     assert (fixed.crop_source, fixed.ckpt_source) == ("fixed", "fixed")
+    assert _fit(200, crop_frames=750).crop_frames == 750  # a fixed crop is not aligned
     off = _fit(200, checkpoint_segments=0)
     assert off.ckpt_source == "off" and off.ckpt_layers == 0
     clamped = fit(
@@ -140,7 +142,7 @@ def test_user_choices_are_kept() -> None:
         budget_bytes=None,
     )
     assert clamped.batch == 3 and clamped.batch_source == "clamped"
-    assert clamped.crop_frames == 900  # the longest song is shorter than crop_max
+    assert clamped.crop_frames == 896  # the longest song (900) is shorter than crop_max; aligned
 
 
 def test_minimum_requirement_is_what_a_scheduler_must_find() -> None:
