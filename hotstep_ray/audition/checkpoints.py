@@ -6,10 +6,9 @@ not the 2B transformer, so `load_codes_parts` reads just those tensors from the 
 
 from __future__ import annotations
 
-import inspect
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hotstep_ray.models.acestep_keys import (
     AUDIO_TOKENIZER,
@@ -53,37 +52,6 @@ def pick(checkpoints: str | Path, kind: str, name: str | None = None) -> Compone
     return usable[0]
 
 
-def _build(component: str, kwargs: dict[str, Any]) -> torch.nn.Module:
-    from accelerate import init_empty_weights
-
-    from hotstep_ray.models.acestep_dit import MODEL_CLASSES
-
-    cls = MODEL_CLASSES[component]
-    accepted = set(inspect.signature(cls.__init__).parameters)
-    with init_empty_weights(include_buffers=False):  # FSQ buffers are rebuilt, never saved
-        return cls(**{k: v for k, v in kwargs.items() if k in accepted})
-
-
-def _fill(module: torch.nn.Module, tensors: dict[str, torch.Tensor], where: str) -> None:
-    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
-    missing = sorted(set(expected) - set(tensors))
-    wrong = [k for k in expected if k in tensors and tuple(tensors[k].shape) != expected[k]]
-    if missing or wrong:
-        raise CheckpointError(f"{where}: missing {missing[:3]} / wrong shape {wrong[:3]}")
-    module.load_state_dict({k: tensors[k] for k in expected}, strict=True, assign=True)
-
-
-def _read(path: Path, names: dict[str, str], device: torch.device, dtype: torch.dtype):
-    """{our name: tensor} for {our name: name in file}, read straight onto `device`."""
-    from safetensors import safe_open
-
-    out = {}
-    with safe_open(str(path), framework="pt", device=str(device)) as handle:
-        for ours, theirs in names.items():
-            out[ours] = handle.get_tensor(theirs).to(dtype)
-    return out
-
-
 def load_codes_parts(
     dit_folder: str | Path,
     device: torch.device | str | None = None,
@@ -92,10 +60,16 @@ def load_codes_parts(
     """(FSQ quantizer, detokenizer) of an official or diffusers DiT folder, nothing else."""
     from safetensors import safe_open
 
-    from hotstep_ray.models.acestep_dit import resolve_device_dtype
+    from hotstep_ray.models.acestep_dit import (
+        build_component,
+        check_keys,
+        fill_weights,
+        resolve_device_dtype,
+    )
 
     folder = Path(dit_folder)
     device, dtype = resolve_device_dtype(device, dtype)
+    shapes: dict[str, tuple[int, ...]] = {}  # name in the file -> shape (read with the key list)
     if (folder / "config.json").is_file():
         config = json.loads((folder / "config.json").read_text())
         kwargs = diffusers_kwargs(config, source=str(folder / "config.json"))
@@ -110,6 +84,7 @@ def load_codes_parts(
                         continue
                     component, ours = official_to_diffusers_key(key)
                     wanted[component][ours] = (path, key)
+                    shapes[key] = tuple(handle.get_slice(key).get_shape())
     elif (folder / DIFFUSERS_SUBFOLDERS[DETOKENIZER] / "config.json").is_file():
         kwargs, wanted = {}, {}
         for component in (AUDIO_TOKENIZER, DETOKENIZER):
@@ -125,22 +100,19 @@ def load_codes_parts(
                     for key in handle.keys():
                         if component == DETOKENIZER or key.startswith("quantizer."):
                             wanted[component][key] = (path, key)
+                            shapes[key] = tuple(handle.get_slice(key).get_shape())
     else:
         raise CheckpointError(f"{folder}: not an ACE-Step DiT folder (no config.json)")
 
-    tokenizer = _build(AUDIO_TOKENIZER, kwargs[AUDIO_TOKENIZER])
-    quantizer = tokenizer.quantizer
-    detokenizer = _build(DETOKENIZER, kwargs[DETOKENIZER])
+    quantizer = build_component(AUDIO_TOKENIZER, kwargs[AUDIO_TOKENIZER]).quantizer
+    detokenizer = build_component(DETOKENIZER, kwargs[DETOKENIZER])
     for component, module, strip in (
         (AUDIO_TOKENIZER, quantizer, "quantizer."),
         (DETOKENIZER, detokenizer, ""),
     ):
-        tensors: dict[str, torch.Tensor] = {}
-        by_file: dict[Path, dict[str, str]] = {}
-        for ours, (path, theirs) in wanted[component].items():
-            by_file.setdefault(path, {})[ours.removeprefix(strip)] = theirs
-        for path, names in by_file.items():
-            tensors.update(_read(path, names, device, dtype))
-        _fill(module, tensors, f"{folder} ({component})")
+        tensors = {ours.removeprefix(strip): spec for ours, spec in wanted[component].items()}
+        found = {ours: (theirs, shapes[theirs]) for ours, (_, theirs) in tensors.items()}
+        check_keys(module, found, component, str(folder))
+        fill_weights(module, tensors, device, dtype)
         module.to(device).eval().requires_grad_(False)
     return quantizer, detokenizer

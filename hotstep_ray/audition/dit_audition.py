@@ -18,7 +18,6 @@ import secrets
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from hotstep_ray.audition import catalogue
 from hotstep_ray.audition.checkpoints import pick
 from hotstep_ray.audition.codes import CODE_HZ, DecodeResult, parse_codes, validate_codes
 from hotstep_ray.audition.decode import SAMPLE_RATE_HZ, TiledVaeDecoder, encode
-from hotstep_ray.audition.planner import shared_copy
+from hotstep_ray.audition.planner import AdapterCache, shared_copy
 from hotstep_ray.audition.schemas import DitRequest, DitResult, DitSide, TriggerInfo
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
@@ -72,7 +71,7 @@ class DitAudition:
         self.models, self.text_encoder, self.text_tokenizer = models, text_encoder, text_tokenizer
         self.vae, self.dit_name, self.storage = vae, dit_name, storage
         self.max_adapters = max_adapters
-        self._cache: OrderedDict[str, LoadedDit] = OrderedDict()
+        self._adapters = AdapterCache(self.load_adapter, max_adapters)
         self._lock = threading.RLock()
 
     @classmethod
@@ -115,15 +114,8 @@ class DitAudition:
         return LoadedDit(adapter_id, copy, key, trigger)
 
     def adapter(self, adapter_id: str) -> LoadedDit:
-        with self._lock:
-            if adapter_id in self._cache:
-                self._cache.move_to_end(adapter_id)
-                return self._cache[adapter_id]
-            loaded = self.load_adapter(adapter_id)
-            self._cache[adapter_id] = loaded
-            while len(self._cache) > self.max_adapters:
-                self._cache.popitem(last=False)
-            return loaded
+        """Cached `load_adapter`: the `max_adapters` most recently used stay loaded."""
+        return self._adapters.get(adapter_id)
 
     # -- rendering ------------------------------------------------------------------------------
     def _condition(self, caption: str, request: DitRequest) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,10 +20,10 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -55,6 +55,7 @@ from hotstep_ray.models.text_models import load_lm
 DEFAULT_DURATION_S = 30
 _KEYSCALE = re.compile(r"^[A-G](#|b|♯|♭)? (major|minor)$")
 _LANGUAGE = re.compile(r"^([a-z]{2,3}|unknown)$")
+T = TypeVar("T")
 
 
 def shared_copy(module: torch.nn.Module, share: Iterable[object] = ()) -> torch.nn.Module:
@@ -63,6 +64,31 @@ def shared_copy(module: torch.nn.Module, share: Iterable[object] = ()) -> torch.
     `share` are shared too instead of copied."""
     memo = {id(t): t for t in itertools.chain(module.parameters(), module.buffers(), share)}
     return copy.deepcopy(module, memo)
+
+
+class AdapterCache(Generic[T]):
+    """The `size` most recently used adapters, loaded on first use (the plain-class form of
+    `serve.multiplexed`, shared by the planner LM and the DiT audition)."""
+
+    def __init__(self, load: Callable[[str], T], size: int) -> None:
+        self.load, self.size = load, size
+        self._loaded: OrderedDict[str, T] = OrderedDict()
+        self._lock = threading.RLock()
+
+    def get(self, adapter_id: str) -> T:
+        with self._lock:
+            if adapter_id in self._loaded:
+                self._loaded.move_to_end(adapter_id)
+                return self._loaded[adapter_id]
+            loaded = self._loaded[adapter_id] = self.load(adapter_id)
+            while len(self._loaded) > self.size:
+                self._loaded.popitem(last=False)
+            return loaded
+
+    @property
+    def ids(self) -> list[str]:
+        """Oldest first."""
+        return list(self._loaded)
 
 
 @dataclass
@@ -125,7 +151,7 @@ class PlannerLM:
         self.tokenizer, self.lm_size, self.storage = tokenizer, lm_size, storage
         self.device = next(lm.parameters()).device
         self.decode_mode, self.max_adapters = resolve_mode(decode_mode, self.device), max_adapters
-        self._cache: OrderedDict[str, LoadedLm] = OrderedDict()
+        self._adapters = AdapterCache(self.load_adapter, max_adapters)
         self._lock = threading.RLock()
 
     @classmethod
@@ -167,19 +193,11 @@ class PlannerLM:
 
     def adapter(self, adapter_id: str) -> LoadedLm:
         """Cached `load_adapter`: the `max_adapters` most recently used stay loaded."""
-        with self._lock:
-            if adapter_id in self._cache:
-                self._cache.move_to_end(adapter_id)
-                return self._cache[adapter_id]
-            loaded = self.load_adapter(adapter_id)
-            self._cache[adapter_id] = loaded
-            while len(self._cache) > self.max_adapters:
-                self._cache.popitem(last=False)
-            return loaded
+        return self._adapters.get(adapter_id)
 
     @property
     def cached_adapters(self) -> list[str]:
-        return list(self._cache)
+        return self._adapters.ids
 
     # -- generation ---------------------------------------------------------------------------
     def _stepper(self, loaded: LoadedLm, prompts_ids: list[list[int]], new: int) -> Stepper:

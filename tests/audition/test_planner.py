@@ -145,3 +145,16 @@ def test_a_new_adapter_scale_rebuilds_the_step_engines(planner):
     assert all(loaded.steppers.get(key) is not engine for key, engine in engines.items())
     full = planner.generate(request)
     assert loaded.scale == 1.0 and full.codes != half.codes
+
+
+def test_adapter_cache_loads_once_and_evicts_the_least_recently_used():
+    from hotstep_ray.audition.planner import AdapterCache
+
+    loads = []
+    cache = AdapterCache(lambda name: loads.append(name) or name.upper(), size=2)
+    assert cache.get("a") == "A" and cache.get("b") == "B" and cache.get("a") == "A"
+    assert loads == ["a", "b"] and cache.ids == ["b", "a"]  # "a" was used last
+    cache.get("c")  # evicts "b", the least recently used
+    assert cache.ids == ["a", "c"]
+    cache.get("b")
+    assert loads == ["a", "b", "c", "b"] and cache.ids == ["c", "b"]
