@@ -32,7 +32,6 @@ import os
 import secrets
 import shutil
 import socket
-import sys
 import tempfile
 import threading
 import time
@@ -913,21 +912,6 @@ def _ab_summary(ab: AbReport) -> str:
 
 
 # -- the audition app -----------------------------------------------------------------------------
-_REPO = Path(__file__).resolve().parents[1]  # serve_apps/ lives next to the package
-
-
-def _audition_module() -> Any:
-    if (_REPO / "serve_apps" / "audition_app.py").is_file() and str(_REPO) not in sys.path:
-        sys.path.insert(0, str(_REPO))
-    try:
-        from serve_apps import audition_app
-    except ImportError as exc:
-        raise InputError(
-            "serve_apps/audition_app.py not found: run from a source checkout"
-        ) from exc
-    return audition_app
-
-
 def _serve_running() -> bool:
     import ray
 
@@ -957,7 +941,9 @@ def _audition_app(
             "Ray Serve is already running on this cluster; the main job starts its own audition "
             "app (pass --skip-audition, or stop Serve with `serve shutdown`)"
         )
-    module = _audition_module()
+    from hotstep_ray.audition.serve_module import audition_app_module
+
+    module = audition_app_module()
     token = secrets.token_urlsafe(24)
     app_config = module.AuditionAppConfig(
         checkpoints=str(checkpoints),

@@ -27,6 +27,8 @@ from hotstep_ray.audition.schemas import (
     AuditionResult,
     LmRequest,
     LmResult,
+    LmSampling,
+    Metas,
     SideResult,
     TriggerInfo,
 )
@@ -106,24 +108,13 @@ class PreviewStore:
 
 
 def side_request(request: AuditionRequest, caption: str, seed: int, adapter: str, scale: float):
-    """A fresh `/lm` request for one side: only the adapter and its scale differ."""
+    """A fresh `/lm` request for one side: only the adapter and its scale differ. The metas and
+    sampling options carry over field for field (both requests are `Metas` + `LmSampling`)."""
+    carried = {*Metas.model_fields, *LmSampling.model_fields, "lyrics", "duration"}
     return LmRequest(
+        **request.model_dump(include=carried),
         caption=caption,
-        lyrics=request.lyrics,
-        duration=request.duration,
-        bpm=request.bpm,
-        keyscale=request.keyscale,
-        timesignature=request.timesignature,
-        language=request.language,
         lm_seed=seed,
-        temperature=request.temperature,
-        top_p=request.top_p,
-        top_k=request.top_k,
-        cfg_scale=request.cfg_scale,
-        rep_penalty=request.rep_penalty,
-        rep_window=request.rep_window,
-        negative_prompt=request.negative_prompt,
-        max_cot_tokens=request.max_cot_tokens,
         lm_adapter=adapter,
         lm_adapter_scale=scale,
         use_trigger=False,  # the caption already carries the resolved trigger

@@ -14,6 +14,7 @@ loaded adapters (the plain-class form of `serve.multiplexed`); Serve calls `load
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import re
 import secrets
@@ -56,6 +57,7 @@ DEFAULT_DURATION_S = 30
 _KEYSCALE = re.compile(r"^[A-G](#|b|♯|♭)? (major|minor)$")
 _LANGUAGE = re.compile(r"^([a-z]{2,3}|unknown)$")
 T = TypeVar("T")
+SAMPLING_FIELDS = {f.name for f in dataclasses.fields(Sampling)}  # request fields the sampler reads
 
 
 def shared_copy(module: torch.nn.Module, share: Iterable[object] = ()) -> torch.nn.Module:
@@ -290,14 +292,7 @@ class PlannerLM:
         seed = request.lm_seed if request.lm_seed is not None and request.lm_seed >= 0 else None
         seed = secrets.randbits(31) if seed is None else seed
         gen = torch.Generator(device=self.device).manual_seed(seed)
-        params = Sampling(
-            temperature=request.temperature,
-            top_p=request.top_p,
-            top_k=request.top_k,
-            cfg_scale=request.cfg_scale,
-            rep_penalty=request.rep_penalty,
-            rep_window=request.rep_window,
-        )
+        params = Sampling(**request.model_dump(include=SAMPLING_FIELDS))
 
         trigger = None
         if request.use_trigger and (adapter is not None or request.trigger):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
@@ -12,19 +11,6 @@ from hotstep_ray.cli.common import console, handle_errors
 from hotstep_ray.core.errors import InputError
 
 app = typer.Typer(help="Hear adapters: the audition service and offline codes decoding.")
-_REPO = Path(__file__).resolve().parents[2]  # serve_apps/ lives next to the package
-
-
-def _serve_app_module():
-    if (_REPO / "serve_apps" / "audition_app.py").is_file() and str(_REPO) not in sys.path:
-        sys.path.insert(0, str(_REPO))
-    try:
-        from serve_apps import audition_app
-    except ImportError as exc:
-        raise InputError(
-            "serve_apps/audition_app.py not found: run from a source checkout"
-        ) from exc
-    return audition_app
 
 
 @app.command("serve")
@@ -45,9 +31,10 @@ def serve_cmd(
     HOTSTEP_TOKEN before starting."""
     from ray import serve
 
+    from hotstep_ray.audition.serve_module import audition_app_module
     from hotstep_ray.distributed.runtime import ensure_ray
 
-    module = _serve_app_module()
+    module = audition_app_module()
     config = module.AuditionAppConfig(
         checkpoints=str(checkpoints.resolve()),
         data=data,

@@ -64,3 +64,26 @@ def test_retention_keeps_newest_runs_within_bytes(tmp_path):
     )  # newest; with it the older ones exceed 10 kB
     kept = sorted(p.name for p in (tmp_path / "previews").iterdir())
     assert kept == ["big"]
+
+
+def test_side_request_carries_every_meta_and_sampling_option():
+    from hotstep_ray.audition.ab import side_request
+    from hotstep_ray.audition.schemas import AuditionRequest
+
+    request = AuditionRequest(
+        caption="c", lyrics="la", duration=3, bpm=99, keyscale="D minor", timesignature="3",
+        language="de", temperature=0.5, top_p=0.7, top_k=9, cfg_scale=1.5, rep_penalty=1.2,
+        rep_window=32, negative_prompt="noise", max_cot_tokens=64,
+    )  # fmt: skip
+    side = side_request(request, "tagged c", 11, "band", 0.5)
+    for name in ("lyrics", "duration", "bpm", "keyscale", "timesignature", "language",
+                 "temperature", "top_p", "top_k", "cfg_scale", "rep_penalty", "rep_window",
+                 "negative_prompt", "max_cot_tokens"):  # fmt: skip
+        assert getattr(side, name) == getattr(request, name), name
+    assert (side.caption, side.lm_seed, side.lm_adapter, side.lm_adapter_scale) == (
+        "tagged c",
+        11,
+        "band",
+        0.5,
+    )
+    assert side.use_trigger is False
