@@ -33,7 +33,6 @@ import secrets
 import shutil
 import socket
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -59,10 +58,10 @@ from hotstep_ray.core.contracts import (
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import (
     EventSink,
+    FollowJsonl,
     MetricEvent,
     ProgressEvent,
     child_sink,
-    parse_line,
 )
 from hotstep_ray.core.jobs import Job, read_job_events
 from hotstep_ray.core.storage import Storage
@@ -761,47 +760,8 @@ def _sub_job(main: Job, kind: JobKind, *, follow: bool) -> Iterator[Job]:
         return
     sub = Job(main.storage, kind, dataset_id=dataset_id)
     every_s = 0.5 if main.storage.is_local else 2.0  # an object store reads the whole file
-    with _FollowJsonl(main.storage, layout.job_events(sub.id), forward, every_s), sub:
+    with FollowJsonl(main.storage, layout.job_events(sub.id), forward, every_s), sub:
         yield sub
-
-
-class _FollowJsonl:
-    """Emit each event appended to a JSONL key into `sink` while a block runs (polling; one last
-    read after the block, so nothing written before it ended is missed)."""
-
-    def __init__(self, storage: Storage, key: str, sink: EventSink, every_s: float = 0.5) -> None:
-        self.storage, self.key, self.sink, self.every_s = storage, key, sink, every_s
-        self._offset = 0  # characters of the file already forwarded (complete lines only)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"follow:{key}", daemon=True)
-
-    def _drain(self) -> None:
-        if not self.storage.exists(self.key):
-            return
-        text = self.storage.read_text(self.key)
-        end = text.rfind("\n") + 1  # a line still being written waits for the next read
-        for line in text[self._offset : end].splitlines():
-            try:
-                event = parse_line(line)
-            except ValueError:
-                continue
-            if event is not None:
-                self.sink(event)
-        self._offset = max(self._offset, end)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.every_s):
-            with contextlib.suppress(OSError):  # a storage hiccup: the next tick retries
-                self._drain()
-
-    def __enter__(self) -> _FollowJsonl:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._drain()
 
 
 @contextlib.contextmanager

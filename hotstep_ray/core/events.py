@@ -7,7 +7,9 @@ stream all consume the same objects. Readers ignore what they do not know: an un
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Annotated, Any, Literal
@@ -181,3 +183,44 @@ def jsonl_sink(storage, key: str) -> EventSink:
 
     write.__name__ = f"jsonl:{key}"
     return write
+
+
+class FollowJsonl:
+    """Emit each event appended to a JSONL key into `sink` while a block runs (polling; one last
+    read after the block, so nothing written before it ended is missed). `storage`: anything with
+    `exists` and `read_text` (core.storage.Storage). Used to fold a stage's own event log (a Ray
+    Train worker's, a sub-job's) into the job that started it."""
+
+    def __init__(self, storage: Any, key: str, sink: EventSink, every_s: float = 0.5) -> None:
+        self.storage, self.key, self.sink, self.every_s = storage, key, sink, every_s
+        self._offset = 0  # characters of the file already forwarded (complete lines only)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"follow:{key}", daemon=True)
+
+    def _drain(self) -> None:
+        if not self.storage.exists(self.key):
+            return
+        text = self.storage.read_text(self.key)
+        end = text.rfind("\n") + 1  # a line still being written waits for the next read
+        for line in text[self._offset : end].splitlines():
+            try:
+                event = parse_line(line)
+            except ValueError:
+                continue
+            if event is not None:
+                self.sink(event)
+        self._offset = max(self._offset, end)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            with contextlib.suppress(OSError):  # a storage hiccup: the next tick retries
+                self._drain()
+
+    def __enter__(self) -> FollowJsonl:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._drain()

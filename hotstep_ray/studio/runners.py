@@ -9,7 +9,6 @@ Adapters run inside the job's runner actor (`jobs.JobRunner`), so Ray is already
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +18,7 @@ from pydantic import BaseModel
 from hotstep_ray.core import layout
 from hotstep_ray.core.contracts import TrainDitOptions, TrainLmOptions
 from hotstep_ray.core.errors import InputError
-from hotstep_ray.core.events import EventLog, EventSink, parse_line
+from hotstep_ray.core.events import EventLog, FollowJsonl
 from hotstep_ray.core.jobs import Job
 from hotstep_ray.core.storage import Storage
 
@@ -121,7 +120,7 @@ def train_lm(ctx: StageContext, entry: Callable[..., Any]) -> Any:
         events_key=side_key,
     )
     ctx.job.phase("train")
-    with _Tail(ctx.storage, side_key, ctx.events):
+    with FollowJsonl(ctx.storage, side_key, ctx.events):
         result = entry(spec, ctx.storage)
     ctx.job.phase("export")
     return {"runKey": result.run_key, "files": result.files, "log": result.log}
@@ -153,7 +152,7 @@ def train_dit(ctx: StageContext, entry: Callable[..., Any]) -> Any:
     )
     stage_job = Job(ctx.storage, "train-dit", dataset_id=ctx.job.summary.dataset_id)
     ctx.job.phase("train")
-    with _Tail(ctx.storage, layout.job_events(stage_job.id), ctx.events), stage_job:
+    with FollowJsonl(ctx.storage, layout.job_events(stage_job.id), ctx.events), stage_job:
         result = entry(recipe, ctx.storage, ctx.slug, settings, job_id=stage_job.id)
     ctx.job.phase("export")
     log = result.log
@@ -209,45 +208,3 @@ def dataset_entry(ctx: StageContext, entry: Callable[..., Any]) -> Any:
 def _need_checkpoints(ctx: StageContext) -> None:
     if not ctx.checkpoints_dir:
         raise InputError("this stage needs a checkpoints folder (HOTSTEP_CHECKPOINTS)")
-
-
-class _Tail:
-    """Follows a JSONL key while a block runs, emitting each new event to `sink`."""
-
-    def __init__(self, storage: Storage, key: str, sink: EventSink, every_s: float = 0.5) -> None:
-        self.storage, self.key, self.sink, self.every_s = storage, key, sink, every_s
-        self._seen = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _drain(self) -> None:
-        if not self.storage.exists(self.key):
-            return
-        text = self.storage.read_text(self.key)
-        lines = text.splitlines()
-        if text and not text.endswith("\n"):
-            lines = lines[:-1]  # still being written
-        for line in lines[self._seen :]:
-            try:
-                event = parse_line(line)
-            except ValueError:
-                event = None
-            if event is not None:
-                self.sink(event)
-        self._seen = max(self._seen, len(lines))
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.every_s):
-            try:
-                self._drain()
-            except OSError:
-                continue  # storage hiccup: try again on the next tick
-
-    def __enter__(self) -> _Tail:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._drain()

@@ -75,3 +75,18 @@ def test_child_sink_keeps_sub_job_status_out_of_the_parent_stream():
     forward(LogEvent(message="child says hi", ts=1))
     forward(StatusEvent(status="done"))
     assert [e.type for e in got] == ["log"]
+
+
+def test_follow_jsonl_forwards_whole_lines_once_and_drains_at_the_end(tmp_path):
+    from hotstep_ray.core.events import FollowJsonl, LogEvent, to_line
+    from hotstep_ray.core.storage import Storage
+
+    storage = Storage(tmp_path)
+    seen = []
+    first, second = to_line(LogEvent(message="one")), to_line(LogEvent(message="two"))
+    with FollowJsonl(storage, "e.jsonl", seen.append, every_s=60) as follow:  # no tick: explicit
+        storage.write_text("e.jsonl", first + "\n" + second[:10])  # the second is half-written
+        follow._drain()
+        assert [e.message for e in seen] == ["one"]
+        storage.write_text("e.jsonl", first + "\n" + second + "\n")
+    assert [e.message for e in seen] == ["one", "two"]  # each once, the last by the final read
