@@ -255,6 +255,22 @@ def kron_linear(
 class KronLinear(PeftLoKrLinear):
     """peft's LoKr Linear with the factored forward; merge/ΔW keep peft's materialised path."""
 
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """peft's forward without its module-dropout coin. In training peft gates every adapter
+        on `torch.rand(1) > module_dropout`, a Python branch on a tensor: torch.compile breaks
+        the graph at every adapted Linear (20 graphs per tiny-DiT block, ~23 per 2B block: a
+        host-bound step) and each call draws from the global RNG. With module_dropout 0 (always
+        ours; LyCORIS has none) the coin says "apply" (bar rand == 0.0 exactly), so this is the
+        same math as one straight-line graph. Disabled, merged or module-dropout layers keep
+        peft's forward."""
+        active = [name for name in self.active_adapters if name in self._available_adapters]
+        if self.disable_adapters or self.merged or any(self.module_dropout[n] for n in active):
+            return super().forward(x, *args, **kwargs)
+        result = self.base_layer(x, *args, **kwargs)
+        for name in active:
+            result = result + self._get_delta_activations(name, x, *args, **kwargs)
+        return result.to(x.dtype)
+
     def _get_delta_activations(
         self, adapter_name: str, input: torch.Tensor, *args: Any, **kwargs: Any
     ) -> torch.Tensor:
