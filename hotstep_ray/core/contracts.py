@@ -366,8 +366,8 @@ class TrainDitOptions(Options):
     calibrate: bool = False
     calibrate_repoint: bool = True
     holdout_fraction: float = Field(default=0.0, ge=0, lt=1)  # as TrainLmOptions; 0 = off
-    # torch.compile of each DiT block: "auto" = "default" on CUDA, off on the CPU; "reduce-overhead"
-    # adds CUDA graphs (faster at batch 1, one graph pool per shape). docs/BENCHMARKS.md.
+    # torch.compile of each DiT block: "auto" = "reduce-overhead" (compiled + CUDA graphs) on CUDA
+    # when no layer is checkpointed, else "default"; off on the CPU. docs/BENCHMARKS.md.
     compile: DitCompileMode = "auto"
 
     @model_validator(mode="after")

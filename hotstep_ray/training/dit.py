@@ -400,6 +400,7 @@ def prepare(
         events=events if settings.rank == 0 else None,
         params=[param for _, param in trainable],
     )
+    mode = with_graphs(settings.compile or options.compile, mode, fit.ckpt_layers)
     if mode != "off":
         compile_blocks(models.transformer, mode)
         _log(
@@ -413,8 +414,8 @@ def prepare(
 
 
 def compile_mode(requested: str, device: torch.device) -> str:
-    """`auto` is `default` on CUDA (H200, 2B LoRA r64, 6000 frames: 529 -> 216 ms per step) and
-    `off` elsewhere. Compiling is refused off CUDA: Inductor's vectorised C++ kernels for these
+    """`auto` is `default` on CUDA (H200, 2B LoRA r64, 6000 frames: 529 -> 216 ms per step;
+    `with_graphs` then adds CUDA graphs when nothing is checkpointed) and `off` elsewhere. Compiling is refused off CUDA: Inductor's vectorised C++ kernels for these
     blocks give the eager loss but wrong adapter gradients (torch 2.13, measured: 40 % median
     error on the tiny DiT; right with `cpp.simdlen` 1, i.e. scalar), while its CUDA code matches
     eager (8e-7 in float32; bench/dit_compile_check.py)."""
@@ -428,6 +429,17 @@ def compile_mode(requested: str, device: torch.device) -> str:
             "gradients for the DiT blocks); use compile off on the CPU"
         )
     return requested
+
+
+def with_graphs(requested: str, mode: str, ckpt_layers: int) -> str:
+    """`auto` on CUDA adds CUDA graphs ("reduce-overhead") when no layer is checkpointed: the
+    compiled step is still launch-bound (H200, 2B LoRA r64, 6000 frames: 216 -> 154-158 ms at
+    batch 1, 257 -> 204 ms at batch 2, within 12.2 / 20.1 GiB reserved; docs/BENCHMARKS.md).
+    Checkpointed layers re-run their forward inside the backward, which CUDA-graph trees do not
+    capture cleanly, so those runs keep plain compiled blocks."""
+    if requested == "auto" and mode == "default" and ckpt_layers == 0:
+        return "reduce-overhead"
+    return mode
 
 
 def compile_blocks(transformer: torch.nn.Module, mode: str, backend: str = "inductor") -> None:

@@ -232,6 +232,11 @@ def test_compile_mode_resolution() -> None:
     assert dit.compile_mode("auto", cuda) == "default"
     assert dit.compile_mode("reduce-overhead", cuda) == "reduce-overhead"
     assert dit.compile_mode("off", cpu) == "off"
+    # auto adds CUDA graphs only when nothing is checkpointed; an explicit mode is kept as asked
+    assert dit.with_graphs("auto", "default", ckpt_layers=0) == "reduce-overhead"
+    assert dit.with_graphs("auto", "default", ckpt_layers=3) == "default"
+    assert dit.with_graphs("default", "default", ckpt_layers=0) == "default"
+    assert dit.with_graphs("auto", "off", ckpt_layers=0) == "off"
     with pytest.raises(InputError, match="needs a CUDA device"):
         dit.compile_mode("default", cpu)
     with pytest.raises(InputError, match="max-autotune"):
