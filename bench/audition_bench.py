@@ -364,6 +364,8 @@ def bench_lm(args, device, dtype, record, lm_parts) -> None:
                     rates.append(result.codes_per_s)
                 row["latency"] = _stats(ms)
                 row["codes_per_s_median"] = round(statistics.median(rates), 1)
+                if args.lm_profile and device.type == "cuda":
+                    row["profile"] = profile_lm(planner, _lm_request(seconds, seed=2), adapter)
                 row["same_codes_as_eager"] = _same_as_eager(args, planner, lm_parts, seconds)
                 row["engines_used"] = sorted(
                     {s.mode for s in (adapter or planner.base).steppers.values()}
@@ -372,6 +374,35 @@ def bench_lm(args, device, dtype, record, lm_parts) -> None:
                 record(row)
         del planner
         gc.collect()
+
+
+def profile_lm(planner: PlannerLM, request: LmRequest, adapter, top: int = 12) -> dict:
+    """GPU kernel time vs wall time of one request: a wall far above the kernel sum means the
+    decode loop is bound by the host (launches, syncs), not by the GPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        planner.generate(request, adapter)
+        torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - start) * 1000
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    totals: dict[str, float] = {}
+    for event in kernels:
+        totals[event.name[:80]] = totals.get(event.name[:80], 0.0) + event.device_time / 1000
+    cpu = sorted(
+        (e for e in prof.key_averages() if e.cpu_time_total),
+        key=lambda e: -e.self_cpu_time_total,
+    )[:top]
+    return {
+        "wall_ms": round(wall_ms, 1),
+        "kernels": len(kernels),
+        "kernel_ms": round(sum(totals.values()), 1),
+        "top_kernels_ms": {
+            k: round(v, 2) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])[:top]
+        },
+        "cpu_self_ms": {e.key[:60]: [e.count, round(e.self_cpu_time_total / 1000, 1)] for e in cpu},
+    }
 
 
 def _same_as_eager(args, planner: PlannerLM, lm_parts, seconds: float) -> bool | None:
@@ -441,6 +472,7 @@ def main() -> int:
     )
     parser.add_argument("--lm-seconds", default="30,240")
     parser.add_argument("--lm-repeat", type=int, default=3)
+    parser.add_argument("--lm-profile", action="store_true", help="kernel vs wall time per row")
     parser.add_argument("--clients", default="8,32")
     parser.add_argument("--requests-per-client", type=int, default=4)
     parser.add_argument("--load-seconds", type=float, default=30.0)

@@ -29,6 +29,7 @@ stderr).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -107,6 +108,33 @@ def baseline_ms(vae: torch.nn.Module, audio: torch.Tensor, iters: int) -> dict[s
     }
 
 
+def encoded_share(frames: int, chunk: int, overlap: int) -> float:
+    """Frames the VAE runs per frame of song: windows overlap by 2 x `overlap` frames."""
+    from hotstep_ray.preprocess.vae_tiles import plan_windows
+
+    windows = plan_windows(frames, chunk, overlap)
+    return round(sum(w.stop - w.start for w in windows) / frames, 3)
+
+
+def vae_kernels(encoder, items, top: int = 12) -> dict[str, Any]:
+    """Kernel count, kernel ms and the `top` CUDA kernels of one `encoder.latents(items)`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        encoder.latents(items)
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    totals: dict[str, float] = {}
+    for event in kernels:
+        totals[event.name[:80]] = totals.get(event.name[:80], 0.0) + event.device_time / 1000
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1])[:top]
+    return {
+        "kernels": len(kernels),
+        "kernel_ms": round(sum(totals.values()), 2),
+        "top_ms": {name: round(ms, 2) for name, ms in ranked},
+    }
+
+
 def cpu_prep_s(seconds: float) -> float:
     """CPU seconds to resample one stereo 44.1 kHz song to 48 kHz (the decode task's main cost
     after the codec itself)."""
@@ -123,8 +151,8 @@ def _unchecked(encoder, items) -> None:
     """`Encoder.encode`'s work without its NaN check."""
     latents = encoder.latents(items)
     encoder.conditions([i.caption_prompt for i in items], [i.lyric_prompt for i in items])
-    for z in latents:
-        z.cpu(), encoder.codes(z).cpu()
+    for z, codes in zip(latents, encoder.codes_many(latents), strict=True):
+        z.cpu(), codes.cpu()
 
 
 def run_case(encoder, items, iters: int, weights: int) -> dict[str, Any]:
@@ -143,7 +171,7 @@ def run_case(encoder, items, iters: int, weights: int) -> dict[str, Any]:
     captions = [item.caption_prompt for item in items]
     lyrics = [item.lyric_prompt for item in items]
     _, cond_s = timed(lambda: encoder.conditions(captions, lyrics))
-    _, codes_s = timed(lambda: [encoder.codes(z) for z in latents])
+    _, codes_s = timed(lambda: encoder.codes_many(latents))
     median = statistics.median(batch)
     peak = torch.cuda.max_memory_allocated()
     return {
@@ -167,7 +195,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--songs", type=int, default=8, help="songs per encoder batch")
     parser.add_argument("--seconds", type=float, default=240.0, help="length of each song")
-    parser.add_argument("--vae-chunk", type=int, default=384, help="VAE window, latent frames")
+    parser.add_argument(
+        "--vae-chunk", default="384", help="comma list to sweep: VAE window, latent frames"
+    )
     parser.add_argument("--vae-overlap", type=int, default=48, help="discarded frames per side")
     parser.add_argument("--vae-batch-windows", default="4,8", help="comma list to sweep")
     parser.add_argument(
@@ -180,6 +210,9 @@ def main() -> None:
         "--out", default=os.path.join(os.environ.get("OUT", "."), "preprocess.json")
     )
     parser.add_argument("--budget-s", type=float, default=0, help="skip cases after this (0: off)")
+    parser.add_argument(
+        "--profile", action="store_true", help="top CUDA kernels of one VAE pass per case"
+    )
     parser.add_argument(
         "--quick", action="store_true", help="8 x 240 s, old,fast,fast-nhwc at 8 windows, 2 iters"
     )
@@ -226,7 +259,7 @@ def main() -> None:
         "dtype": "bf16 (audio tokenizer fp32)",
         "songs": args.songs,
         "seconds_per_song": args.seconds,
-        "vae_chunk_frames": args.vae_chunk,
+        "vae_chunk_frames": args.vae_chunk,  # the swept list
         "vae_overlap_frames": args.vae_overlap,
         "caption_tokens": len(tokenizer(items[0].caption_prompt)["input_ids"]),
         "lyric_tokens": len(tokenizer(items[0].lyric_prompt)["input_ids"]),
@@ -252,10 +285,16 @@ def main() -> None:
         for mode in args.compile.split(","):
             if mode != "none" and path != "old":
                 continue  # the fast path has its own compile option (fast-compile)
-            for windows in (int(w) for w in args.vae_batch_windows.split(",")):
+            sweep = [
+                (int(chunk), int(windows))
+                for chunk in args.vae_chunk.split(",")
+                for windows in args.vae_batch_windows.split(",")
+            ]
+            for chunk, windows in sweep:
                 case: dict[str, Any] = {
                     "vae_path": path,
                     "compile": mode,
+                    "vae_chunk_frames": chunk,
                     "vae_batch_windows": windows,
                 }
                 if args.budget_s and time.perf_counter() - started > args.budget_s:
@@ -264,13 +303,17 @@ def main() -> None:
                     flush()
                     continue
                 # A fresh VAE (same weights) per case: the fast path prepares its VAE in place.
-                del vae
+                # The last case's encoder (and its CUDA-graph pool) goes first, so each case's
+                # reserved peak is its own.
+                encoder = vae = None
+                gc.collect()
                 torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
                 vae = build_vae(device, dtype)
                 if mode != "none":
                     vae.encoder = torch.compile(vae.encoder, mode=mode)
                 settings = EncoderSettings(
-                    vae_chunk_frames=args.vae_chunk,
+                    vae_chunk_frames=chunk,
                     vae_overlap_frames=args.vae_overlap,
                     vae_batch_windows=windows,
                 )
@@ -291,6 +334,11 @@ def main() -> None:
                 log(f"case {case} ...")
                 try:
                     case.update(run_case(encoder, items, args.iters, weights))
+                    case["frames_encoded_per_song_frame"] = encoded_share(
+                        int(args.seconds * 25), chunk, args.vae_overlap
+                    )
+                    if args.profile:
+                        case["vae_top_kernels_ms"] = vae_kernels(encoder, items)
                     case["meets_goal"] = (
                         case["audio_s_per_gpu_s"] >= 2000 and case["peak_allocated_gib"] <= 8
                     )
@@ -299,7 +347,7 @@ def main() -> None:
                     ((mean, _),) = encode_moments(
                         vae,
                         [audios[0]],
-                        args.vae_chunk,
+                        chunk,
                         args.vae_overlap,
                         windows,
                         fast=encoder.fast_vae,
