@@ -63,6 +63,7 @@ VAE_CONFIGS: dict[str, dict[str, Any]] = {
     "fast": _FAST,  # Triton Snake, ncw convs, CUDA graphs
     "fast-nhwc": {**_FAST, "fast_options": {"layout": "nhwc"}},
     "fast-nographs": {**_FAST, "fast_options": {"cuda_graphs": False}},
+    "fast-nofuse": {**_FAST, "fast_options": {"fuse_residual": False}},
     "fast-torchsnake": {**_FAST, "fast_options": {"snake": "torch"}},
     "fast-compile": {**_FAST, "compile": True},
     "fast-compile-nhwc": {**_FAST, "compile": True, "fast_options": {"layout": "nhwc"}},

@@ -12,6 +12,10 @@ modules run, never *what* they compute (the diffusers model stays the source of 
 - optionally every Conv1d / ConvTranspose1d as its Conv2d twin over [B, C, 1, T] tensors in
   channels-last memory (`layout="nhwc"`: cuDNN's tensor-core kernels want NHWC; the NCW layout
   costs a transpose per conv), same weights, same sums;
+- with the nhwc layout, each residual unit as a `FastResidualUnit`: the 1x1 conv, its bias and
+  the residual add as one GEMM over the [B * T, C] rows of the channels-last tensor (on CUDA in
+  half precision one Triton kernel that also runs the Snake before it; 15 -> 7 full-tensor
+  passes per unit), the 7-tap conv's bias folded into the Snake after it;
 - optionally `torch.compile` of the whole decoder / encoder (fixed shapes), and CUDA-graph
   capture per input shape (the tiled decoder and the windowed encoder repeat a few shapes), all
   graphs of one model sharing one memory pool.
@@ -52,29 +56,58 @@ class OobleckFastOptions(BaseModel):
     cuda_graphs: bool | None = None  # None = on for CUDA; capture one graph per input shape
     max_graphs: int = 8  # distinct input shapes captured per model part; more run eagerly
     capture_after: int = 2  # capture a shape on its n-th call (one-off shapes stay eager)
+    # nhwc only: each residual unit's 1x1 conv + bias + residual add as one GEMM (on CUDA in
+    # half precision one Triton kernel that also runs the Snake before it); see FastResidualUnit
+    fuse_residual: bool = True
 
 
 # ----------------------------------------------------------------------------- weight norm
 
 
-def fold_weight_norm(module: torch.nn.Module) -> int:
-    """Bake weight norm (old-style hooks or new-style parametrizations) into plain weights, the
-    same values. Inference only: g and v no longer exist. Returns how many were folded."""
+_FOLDED = "_weight_norm_folded"  # per-module tally of fold_weight_norm calls on it
+
+
+def _weight_norms(module: torch.nn.Module):
+    """(submodule, parameter name, "hook" | "parametrization") for each weight norm in use."""
     from torch.nn.utils import parametrize
 
-    folded = 0
     for sub in module.modules():
         for hook in list(sub._forward_pre_hooks.values()):
             if type(hook).__name__ == "WeightNorm":
-                torch.nn.utils.remove_weight_norm(sub, hook.name)
-                folded += 1
+                yield sub, hook.name, "hook"
         if parametrize.is_parametrized(sub):
             for name in list(sub.parametrizations.keys()):
-                kinds = {type(p).__name__ for p in sub.parametrizations[name]}
-                if "_WeightNorm" in kinds:
-                    parametrize.remove_parametrizations(sub, name, leave_parametrized=True)
-                    folded += 1
+                if any(type(p).__name__ == "_WeightNorm" for p in sub.parametrizations[name]):
+                    yield sub, name, "parametrization"
+
+
+def fold_weight_norm(module: torch.nn.Module) -> int:
+    """Bake weight norm (old-style hooks, which diffusers' Oobleck still uses as of 0.42, or
+    new-style parametrizations) into plain weights, the same values. Inference only: g and v
+    no longer exist. Returns how many were folded by this call (0 when already folded); the
+    running total is kept on `module` (see `weight_norm_folded`)."""
+    from torch.nn.utils import parametrize
+
+    folded = 0
+    for sub, name, kind in list(_weight_norms(module)):
+        if kind == "hook":
+            torch.nn.utils.remove_weight_norm(sub, name)
+        else:
+            parametrize.remove_parametrizations(sub, name, leave_parametrized=True)
+        folded += 1
+    setattr(module, _FOLDED, getattr(module, _FOLDED, 0) + folded)
     return folded
+
+
+def weight_norm_folded(module: torch.nn.Module) -> int:
+    """How many weight norms `fold_weight_norm` folded under `module` over all its calls (a
+    caller may fold before `FastOobleck` does, as the preprocessing Encoder does)."""
+    return sum(getattr(sub, _FOLDED, 0) for sub in module.modules())
+
+
+def weight_norm_left(module: torch.nn.Module) -> int:
+    """How many weight norms are still in use under `module` (0 once folded)."""
+    return sum(1 for _ in _weight_norms(module))
 
 
 # ----------------------------------------------------------------------------- Snake
@@ -104,7 +137,17 @@ def _triton_kernels():
         return None
 
     @triton.jit
-    def snake_ncw(x_ptr, alpha_ptr, inv_beta_ptr, out_ptr, channels, length, BLOCK: tl.constexpr):
+    def snake_ncw(
+        x_ptr,
+        alpha_ptr,
+        inv_beta_ptr,
+        shift_ptr,
+        out_ptr,
+        channels,
+        length,
+        BLOCK: tl.constexpr,
+        HAS_SHIFT: tl.constexpr,
+    ):
         row = tl.program_id(1)  # b * C + c
         alpha = tl.load(alpha_ptr + row % channels)
         inv_beta = tl.load(inv_beta_ptr + row % channels)
@@ -112,6 +155,8 @@ def _triton_kernels():
         mask = t < length
         offsets = row.to(tl.int64) * length + t
         x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        if HAS_SHIFT:  # the preceding conv's bias, added here instead of in its own pass
+            x = x + tl.load(shift_ptr + row % channels)
         wave = tl.sin(alpha * x)
         tl.store(
             out_ptr + offsets, (x + inv_beta * wave * wave).to(out_ptr.dtype.element_ty), mask=mask
@@ -122,11 +167,13 @@ def _triton_kernels():
         x_ptr,
         alpha_ptr,
         inv_beta_ptr,
+        shift_ptr,
         out_ptr,
         rows,
         channels,
         ROWS: tl.constexpr,
         CH: tl.constexpr,
+        HAS_SHIFT: tl.constexpr,
     ):
         channel = tl.arange(0, CH)
         in_channels = channel < channels
@@ -136,6 +183,8 @@ def _triton_kernels():
         mask = (row < rows)[:, None] & in_channels[None, :]
         offsets = row[:, None] * channels + channel[None, :]
         x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        if HAS_SHIFT:
+            x = x + tl.load(shift_ptr + channel, mask=in_channels, other=0.0)[None, :]
         wave = tl.sin(alpha[None, :] * x)
         y = x + inv_beta[None, :] * wave * wave
         tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
@@ -160,29 +209,51 @@ def snake_layout(x: torch.Tensor) -> tuple[int, int] | None:
     return None
 
 
-def snake_triton(x: torch.Tensor, alpha32: torch.Tensor, inv_beta32: torch.Tensor) -> torch.Tensor:
-    """The fused kernel: one read and one write of x. alpha32 / inv_beta32: float32 [C]."""
+def snake_triton(
+    x: torch.Tensor,
+    alpha32: torch.Tensor,
+    inv_beta32: torch.Tensor,
+    shift32: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The fused kernel: one read and one write of x. alpha32 / inv_beta32 (and the optional
+    shift32, a folded conv bias: snake(x + shift)): float32 [C]."""
     snake_ncw, snake_nwc, next_power_of_2 = _triton_kernels()
     layout = snake_layout(x)
     if layout is None or (layout[1] != 1 and x.shape[0] * x.shape[1] > _MAX_GRID_ROWS):
         x = x.contiguous()
         layout = snake_layout(x)
         if x.shape[0] * x.shape[1] > _MAX_GRID_ROWS:  # beyond the grid: plain torch
-            return snake_torch(
-                x, alpha32.to(x.dtype).view(1, -1, 1), inv_beta32.to(x.dtype).view(1, -1, 1)
-            )
+            view = (1, -1) + (1,) * (x.dim() - 2)
+            if shift32 is not None:
+                x = x + shift32.to(x.dtype).view(view)
+            return snake_torch(x, alpha32.to(x.dtype).view(view), inv_beta32.to(x.dtype).view(view))
     channels, inner = layout
     out = torch.empty_like(x)  # keeps x's memory format
+    has_shift = shift32 is not None
+    shift = shift32 if has_shift else alpha32  # a placeholder pointer the kernel never reads
     if inner == 1:  # channels-last: [B * T rows, C]
         rows = x.numel() // channels
         width = next_power_of_2(channels)
         per_program = max(1, 4096 // width)
         grid = (triton_cdiv(rows, per_program),)
-        snake_nwc[grid](x, alpha32, inv_beta32, out, rows, channels, ROWS=per_program, CH=width)
+        snake_nwc[grid](
+            x,
+            alpha32,
+            inv_beta32,
+            shift,
+            out,
+            rows,
+            channels,
+            ROWS=per_program,
+            CH=width,
+            HAS_SHIFT=has_shift,
+        )
     else:
         block = 2048
         grid = (triton_cdiv(inner, block), x.shape[0] * channels)
-        snake_ncw[grid](x, alpha32, inv_beta32, out, channels, inner, BLOCK=block)
+        snake_ncw[grid](
+            x, alpha32, inv_beta32, shift, out, channels, inner, BLOCK=block, HAS_SHIFT=has_shift
+        )
     return out
 
 
@@ -203,7 +274,10 @@ class FastSnake1d(torch.nn.Module):
     """Drop-in for diffusers' `Snake1d` (inference): exp / reciprocal done once at build.
 
     Buffers: alpha, inv_beta as [1, C, 1] in the model dtype (the torch path: same values and
-    order as the reference) and alpha32, inv_beta32 as float32 [C] (the fused kernel)."""
+    order as the reference) and alpha32, inv_beta32 as float32 [C] (the fused kernel).
+    `add_shift(bias)` makes it compute snake(x + bias): the bias of the conv before it, which
+    then runs without one (the fused kernel adds it for free; cuDNN adds a conv bias in a
+    separate pass over the whole output)."""
 
     def __init__(self, snake: torch.nn.Module, impl: str = "torch") -> None:
         super().__init__()
@@ -221,13 +295,27 @@ class FastSnake1d(torch.nn.Module):
         self.register_buffer("inv_beta", inv_beta.clone())
         self.register_buffer("alpha32", alpha32.reshape(-1).contiguous())  # [C] float32
         self.register_buffer("inv_beta32", (beta32 + 1e-9).reciprocal().reshape(-1).contiguous())
+        self.register_buffer("shift", None)  # [1, C, 1] model dtype, once set_shift ran
+        self.register_buffer("shift32", None)  # [C] float32
+
+    def add_shift(self, bias: torch.Tensor) -> None:
+        """Compute snake(x + bias) from now on (on top of any earlier shift); bias: [C], the
+        bias of the conv that feeds this Snake."""
+        shift32 = bias.detach().to(self.alpha.device).float().reshape(-1)
+        if self.shift32 is not None:
+            shift32 = shift32 + self.shift32
+        self.shift32 = shift32.contiguous()
+        self.shift = shift32.to(self.alpha.dtype).reshape(1, -1, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.impl == "triton" and x.is_cuda:
-            return snake_triton(x, self.alpha32, self.inv_beta32)
-        alpha, inv_beta = self.alpha, self.inv_beta
+            return snake_triton(x, self.alpha32, self.inv_beta32, self.shift32)
+        alpha, inv_beta, shift = self.alpha, self.inv_beta, self.shift
         if x.dim() == 4:  # [B, C, 1, T] (nhwc layout): broadcast over H and T
             alpha, inv_beta = alpha[..., None], inv_beta[..., None]
+            shift = None if shift is None else shift[..., None]
+        if shift is not None:
+            x = x + shift  # the torch path pays the pass the conv would have paid
         if self.impl == "compile":
             return _compiled_snake()(x, alpha, inv_beta)
         return snake_torch(x, alpha, inv_beta)
@@ -253,13 +341,16 @@ def triton_self_check(device: torch.device, dtype: torch.dtype) -> str | None:
         x = (3 * torch.randn(3, 5, 1, 77, generator=generator)).to(device, dtype)
         alpha = torch.rand(5, generator=generator).add(0.5).to(device)
         inv_beta = torch.rand(5, generator=generator).add(0.5).to(device)
-        want = snake_torch(x.float(), alpha.view(1, 5, 1, 1), inv_beta.view(1, 5, 1, 1))
-        for probe in (x, x.contiguous(memory_format=torch.channels_last), x[:, :, 0]):
-            got = snake_triton(probe, alpha, inv_beta).float()
-            expect = want if probe.dim() == 4 else want[:, :, 0]
-            tol = 1e-5 if dtype == torch.float32 else 0.05
-            if not torch.allclose(got, expect, atol=tol, rtol=tol):
-                return f"Triton Snake differs from torch by {(got - expect).abs().max():.3g}"
+        shift = torch.randn(5, generator=generator).to(device)
+        for bias in (None, shift):
+            shifted = x.float() if bias is None else x.float() + bias.view(1, 5, 1, 1)
+            want = snake_torch(shifted, alpha.view(1, 5, 1, 1), inv_beta.view(1, 5, 1, 1))
+            for probe in (x, x.contiguous(memory_format=torch.channels_last), x[:, :, 0]):
+                got = snake_triton(probe, alpha, inv_beta, bias).float()
+                expect = want if probe.dim() == 4 else want[:, :, 0]
+                tol = 1e-5 if dtype == torch.float32 else 0.05
+                if not torch.allclose(got, expect, atol=tol, rtol=tol):
+                    return f"Triton Snake differs from torch by {(got - expect).abs().max():.3g}"
     except Exception as exc:  # a broken toolchain must not take the VAE down
         return f"Triton Snake failed: {exc!r}"
     return None
@@ -337,6 +428,349 @@ class Nhwc(torch.nn.Module):
             raise ValueError(f"expected [B, C, T], got {tuple(x.shape)}")
         x = x.unsqueeze(2).contiguous(memory_format=torch.channels_last)
         return self.inner(x).squeeze(2).contiguous()
+
+
+# ----------------------------------------------------------------------------- residual units
+#
+# diffusers' OobleckResidualUnit: y = x + conv2(snake2(conv1(snake1(x)))), conv1 kernel 7
+# (dilation d, length kept), conv2 kernel 1. In channels-last [B, C, 1, T] memory a tensor is a
+# row-major [B * T, C] matrix, so conv2 is a GEMM [B * T, C] @ W2^T [C, C]. Full-tensor passes
+# per unit (N = one read or write of a [B, C, 1, T] tensor; cuDNN adds a conv bias in a
+# separate read-modify-write of the output, at about the cost of the add below):
+#   diffusers / nhwc before: snake1 2 | conv1 2 + bias 2 | snake2 2 | conv2 2 + bias 2 | add 3
+#                            = 15 N
+#   torch path (below):      snake1 2 | conv1 2 (bias moved into snake2) | snake2 2 |
+#                            linear with bias epilogue 2 | add 3 = 11 N
+#   Triton path (below):     snake1 2 | conv1 2 | one kernel: read conv1's output, snake2
+#                            (+ conv1's bias) in registers, GEMM, + conv2's bias + residual in
+#                            the epilogue, one write = 3 N; 7 N in all
+# (`torch.addmm(x2d, h2d, W2^T)` does not get there: out of place it first copies x into the
+# output (2 N more), in place it overwrites the unit's input, and either way the bias costs a
+# pass.) The biases of the convs that feed a unit (decoder: the upsampling conv_t1; encoder: the
+# first conv and each downsampling conv1) move into the unit as well (`fold_conv_biases`).
+# H200, bf16, full-size VAE, CUDA graphs: a 768-frame decode window 19.5 -> 11.8 ms, a
+# [4, 2, 384 * 1920] encode batch 38.9 -> 23.6 ms.
+
+_RESIDUAL: dict[str, object] = {}
+_RESIDUAL_DTYPES = (torch.bfloat16, torch.float16)  # tl.dot inputs; float32 runs the torch path
+
+
+def _triton_residual_kernel():
+    """The fused snake2 -> 1x1 conv -> + bias + residual kernel, or None without Triton.
+
+    Tiles: a program owns rows [BLOCK_M] x output channels [BLOCK_N] and walks the input
+    channels in BLOCK_K steps; the 1-D grid runs the BLOCK_N tiles of one row tile next to each
+    other, so a layer wider than one tile (C = 512: 2 column tiles) reads its h rows from L2,
+    not HBM. Only bf16 / fp16 (tl.dot inputs); float32 runs the torch path."""
+    if "kernel" in _RESIDUAL:
+        return _RESIDUAL["kernel"]
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        _RESIDUAL["kernel"] = None
+        return None
+
+    @triton.jit
+    def snake_linear_residual(
+        h_ptr,  # [rows, C] conv1's output without its bias (channels-last [B, C, 1, T])
+        x_ptr,  # [rows, C] the unit's input (the residual)
+        w_ptr,  # [C_in, C_out] conv2's weight, transposed
+        bias_ptr,  # [C] float32, conv2's bias
+        alpha_ptr,  # [C] float32, snake2's e^alpha
+        inv_beta_ptr,  # [C] float32, snake2's 1 / (e^beta + 1e-9)
+        shift_ptr,  # [C] float32, conv1's bias
+        out_ptr,  # [rows, C]
+        rows,
+        channels,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        FAST_SIN: tl.constexpr,
+    ):
+        col_tiles = channels // BLOCK_N
+        pid = tl.program_id(0)
+        row = (pid // col_tiles).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+        col = (pid % col_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = (row < rows)[:, None]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, channels, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            h = tl.load(h_ptr + row[:, None] * channels + k[None, :], mask=row_ok, other=0.0)
+            h = h.to(tl.float32) + tl.load(shift_ptr + k)[None, :]
+            phase = tl.load(alpha_ptr + k)[None, :] * h
+            if FAST_SIN:
+                # the accurate sin (libdevice) is ~half this kernel's time; the hardware one
+                # after reducing the phase to [-pi, pi] is within ~1e-6 + |phase| * 2e-7
+                phase = phase - tl.floor(phase * 0.15915494309189535 + 0.5) * 6.283185307179586
+                wave = tl.inline_asm_elementwise(
+                    "sin.approx.f32 $0, $1;",
+                    "=r,r",
+                    [phase],
+                    dtype=tl.float32,
+                    is_pure=True,
+                    pack=1,
+                )
+            else:
+                wave = tl.sin(phase)
+            h = h + tl.load(inv_beta_ptr + k)[None, :] * wave * wave
+            w = tl.load(w_ptr + k[:, None] * channels + col[None, :])
+            # snake2's output rounded to the model dtype, as the unfused path stores it
+            acc = tl.dot(h.to(w.dtype), w, acc)
+        offsets = row[:, None] * channels + col[None, :]
+        residual = tl.load(x_ptr + offsets, mask=row_ok, other=0.0).to(tl.float32)
+        acc = acc + tl.load(bias_ptr + col)[None, :] + residual
+        tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=row_ok)
+
+    _RESIDUAL["kernel"] = snake_linear_residual
+    return snake_linear_residual
+
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) by channel count: the counts where the
+# fused kernel beats the torch path, tiles from a sweep on an H200 (bf16, ~0.38 GB operands as
+# in a 768-frame decode window; fused vs snake2 + linear + add, ms): C=128 0.39 vs 0.89,
+# C=256 0.55 vs 0.78, C=512 0.83 vs 0.86. At C >= 1024 (a few % of the bytes) cuBLAS's GEMM
+# beats this simple kernel by 2-3x, so those run the torch path.
+RESIDUAL_TILES: dict[int, tuple[int, int, int, int, int]] = {
+    128: (64, 128, 64, 4, 3),
+    256: (64, 256, 64, 4, 2),
+    512: (128, 256, 64, 8, 3),
+}
+
+# The hardware sin (after range reduction) in the fused kernel: C=128 0.39 ms vs 0.68 ms with
+# libdevice's sin; full VAE decode error against a float32 reference 1.35e-2 of the output range
+# (1.37e-2 with libdevice's sin, 1.52e-2 for diffusers' own modules in bf16).
+RESIDUAL_FAST_SIN = True
+
+
+def residual_triton_fits(h: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether the fused kernel takes these tensors: same [B, C, 1, T] shape, both dense
+    channels-last, a half dtype, C one of `RESIDUAL_TILES` (whole tiles, no channel masks)."""
+    return (
+        h.is_cuda
+        and h.dim() == 4
+        and h.shape == x.shape
+        and h.dtype == x.dtype
+        and h.dtype in _RESIDUAL_DTYPES
+        and h.shape[1] in RESIDUAL_TILES
+        and h.is_contiguous(memory_format=torch.channels_last)
+        and x.is_contiguous(memory_format=torch.channels_last)
+    )
+
+
+def snake_linear_residual_triton(
+    h: torch.Tensor,
+    x: torch.Tensor,
+    w_t: torch.Tensor,
+    bias32: torch.Tensor,
+    alpha32: torch.Tensor,
+    inv_beta32: torch.Tensor,
+    shift32: torch.Tensor,
+) -> torch.Tensor:
+    """x + conv2(snake2(h + shift)) for channels-last [B, C, 1, T] h and x (see
+    `residual_triton_fits`): one read of h, one of x, one write. Returns a new channels-last
+    tensor."""
+    kernel = _triton_residual_kernel()
+    channels = h.shape[1]
+    rows = h.numel() // channels
+    block_m, block_n, block_k, warps, stages = RESIDUAL_TILES[channels]
+    out = torch.empty_like(x)  # channels-last, as x
+    grid = (triton_cdiv(rows, block_m) * (channels // block_n),)
+    kernel[grid](
+        h,
+        x,
+        w_t,
+        bias32,
+        alpha32,
+        inv_beta32,
+        shift32,
+        out,
+        rows,
+        channels,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        FAST_SIN=RESIDUAL_FAST_SIN,
+        num_warps=warps,
+        num_stages=stages,
+    )
+    return out
+
+
+class FastResidualUnit(torch.nn.Module):
+    """Drop-in for diffusers' `OobleckResidualUnit` once `fold_weight_norm`, `swap_snakes` and
+    `convs_to_2d` ran over it: [B, C, 1, T] in, [B, C, 1, T] channels-last out.
+
+    conv1's bias moves into snake2 (its `add_shift`); conv2 (1x1) becomes a [C, C] matrix, and
+    conv2 + bias + the residual add run as one GEMM (`impl="triton"`: one kernel that also does
+    snake2) or as `F.linear` with the bias in its epilogue plus one add (`impl="torch"`). The pass
+    counts are in the comment above."""
+
+    def __init__(self, unit: torch.nn.Module, impl: str = "torch") -> None:
+        super().__init__()
+        snake1, conv1, snake2, conv2 = unit.snake1, unit.conv1, unit.snake2, unit.conv2
+        if not (isinstance(snake1, FastSnake1d) and isinstance(snake2, FastSnake1d)):
+            raise ValueError("swap the Snakes (swap_snakes) before fusing residual units")
+        if not (isinstance(conv1, torch.nn.Conv2d) and isinstance(conv2, torch.nn.Conv2d)):
+            raise ValueError("convert the convs (convs_to_2d) before fusing residual units")
+        if conv2.kernel_size != (1, 1) or conv2.stride != (1, 1) or conv2.groups != 1:
+            raise ValueError(f"conv2 {conv2}: expected a plain 1x1 conv")
+        self.impl = impl
+        self.snake1, self.conv1, self.snake2 = snake1, conv1, snake2
+        if conv1.bias is not None:
+            snake2.add_shift(conv1.bias)
+            _drop_bias(conv1)
+        elif snake2.shift32 is None:  # the Triton kernel always reads a shift
+            snake2.add_shift(torch.zeros_like(snake2.alpha32))
+        weight = conv2.weight.detach().reshape(conv2.out_channels, conv2.in_channels)
+        bias = conv2.bias.detach() if conv2.bias is not None else weight.new_zeros(weight.shape[0])
+        self.register_buffer("weight", weight.contiguous())  # [C_out, C_in] for F.linear
+        self.register_buffer("weight_t", weight.t().contiguous())  # [C_in, C_out] for Triton
+        self.register_buffer("bias", bias.clone())  # [C_out] model dtype
+        self.register_buffer("bias32", bias.float().contiguous())
+
+    def add_input_shift(self, bias: torch.Tensor) -> None:
+        """Compute unit(x + bias) from now on; bias: [C], the bias of the conv that feeds this
+        unit, which then runs without one. Free: x + bias reaches snake1 as its shift and the
+        residual sum as part of conv2's bias (out = x + bias + conv2(...) + b2)."""
+        self.snake1.add_shift(bias)
+        self.bias32 = (self.bias32 + bias.detach().to(self.bias32.device).float()).contiguous()
+        self.bias = self.bias32.to(self.bias.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 4:
+            raise ValueError(f"expected [B, C, 1, T] (the nhwc layout), got {tuple(x.shape)}")
+        h = self.conv1(self.snake1(x))  # [B, C, 1, T'] channels-last, conv1's bias not added
+        if self.impl == "triton" and residual_triton_fits(h, x):
+            snake2 = self.snake2
+            return snake_linear_residual_triton(
+                h,
+                x,
+                self.weight_t,
+                self.bias32,
+                snake2.alpha32,
+                snake2.inv_beta32,
+                snake2.shift32,
+            )
+        h = self.snake2(h)  # + conv1's bias
+        batch, channels, height, length = h.shape
+        # [B, C, 1, T'] channels-last -> [B * T', C] (a view; a copy for other strides)
+        rows = h.permute(0, 2, 3, 1).reshape(-1, channels)
+        y = torch.nn.functional.linear(rows, self.weight, self.bias)  # [B * T', C_out]
+        y = y.view(batch, height, length, -1).permute(0, 3, 1, 2)  # channels-last again
+        crop = (x.shape[-1] - length) // 2  # as diffusers; 0 with these paddings
+        if crop > 0:
+            x = x[..., crop:-crop]
+        return y.add_(x)
+
+
+def fuse_residuals(module: torch.nn.Module, impl: str) -> int:
+    """Replace every diffusers OobleckResidualUnit under `module` by a FastResidualUnit (needs
+    the nhwc conversion first) and set `impl` on those already replaced. Returns how many
+    FastResidualUnits `module` holds afterwards."""
+    fused = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child).__name__ == "OobleckResidualUnit":
+                setattr(parent, name, FastResidualUnit(child, impl))
+                fused += 1
+            elif isinstance(child, FastResidualUnit):
+                child.impl = impl
+                fused += 1
+    return fused
+
+
+def fold_conv_biases(part: torch.nn.Module) -> int:
+    """Move the bias of each conv whose output goes only to a FastSnake1d or a FastResidualUnit
+    into that consumer (cuDNN adds a conv bias as a separate pass over the output; the consumers
+    add it for free). `part`: a diffusers OobleckDecoder / OobleckEncoder after `fuse_residuals`;
+    the pairs follow their forward order:
+      decoder: conv1 -> block[0].snake1; block[i]: snake1 -> conv_t1 -> res_unit1..3
+      encoder: conv1 -> block[0].res_unit1; block[i]: res_unit1..3 -> snake1 -> conv1 ->
+               block[i + 1].res_unit1 (the last block: the encoder's snake1)
+    (the final conv2 of each keeps any bias: its output is the result). Returns how many moved."""
+    kind = type(part).__name__
+    blocks = list(getattr(part, "block", []))
+    pairs: list[tuple[torch.nn.Module, torch.nn.Module]] = []
+    if kind == "OobleckDecoder" and blocks:
+        pairs.append((part.conv1, blocks[0].snake1))
+        pairs += [(block.conv_t1, block.res_unit1) for block in blocks]
+    elif kind == "OobleckEncoder" and blocks:
+        pairs.append((part.conv1, blocks[0].res_unit1))
+        consumers = [block.res_unit1 for block in blocks[1:]] + [part.snake1]
+        pairs += [(block.conv1, after) for block, after in zip(blocks, consumers, strict=True)]
+    moved = 0
+    for conv, consumer in pairs:
+        if getattr(conv, "bias", None) is None:
+            continue  # already moved (a VAE prepared twice)
+        if isinstance(consumer, FastResidualUnit):
+            consumer.add_input_shift(conv.bias)
+        elif isinstance(consumer, FastSnake1d):
+            consumer.add_shift(conv.bias)
+        else:
+            continue
+        _drop_bias(conv)
+        moved += 1
+    return moved
+
+
+def _drop_bias(conv: torch.nn.Module) -> None:
+    """The conv runs without its bias (a consumer adds it); marked for `describe`."""
+    conv.register_parameter("bias", None)
+    conv.bias_folded = True
+
+
+def count_folded_biases(module: torch.nn.Module) -> int:
+    """How many conv biases under `module` moved into the Snake / residual unit after them."""
+    return sum(getattr(sub, "bias_folded", False) is True for sub in module.modules())
+
+
+def residual_self_check(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Run the fused Triton residual kernel against the torch path on a small unit; returns an
+    error text (the caller then keeps the torch path) or None when they agree."""
+    try:
+        generator = torch.Generator().manual_seed(1)
+        channels = min(RESIDUAL_TILES, default=128)
+        length = 333  # a partial row tile
+        unit = _probe_unit(channels, generator, device, dtype)
+        x = torch.randn(2, channels, 1, length, generator=generator).to(device, dtype)
+        x = x.contiguous(memory_format=torch.channels_last)
+        fast = FastResidualUnit(unit, "triton")
+        got = fast(x).float()
+        fast.impl = "torch"
+        want = fast(x).float()
+        error = float((got - want).abs().max() / want.abs().max())
+        if not error < 0.02:
+            return f"fused Triton residual differs from torch by {error:.3g} (relative)"
+    except Exception as exc:  # a broken toolchain must not take the VAE down
+        return f"fused Triton residual failed: {exc!r}"
+    return None
+
+
+def _probe_unit(
+    channels: int, generator: torch.Generator, device: torch.device, dtype: torch.dtype
+) -> torch.nn.Module:
+    """A stand-in OobleckResidualUnit (same attribute names) already in its prepared form, on
+    `device` in `dtype` (the Snakes' float32 kernel buffers stay float32)."""
+
+    class _Snake(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.alpha = torch.nn.Parameter(0.5 * torch.randn(1, channels, 1, generator=generator))
+            self.beta = torch.nn.Parameter(0.5 * torch.randn(1, channels, 1, generator=generator))
+            self.logscale = True
+
+    unit = torch.nn.Module()
+    unit.conv1 = torch.nn.Conv2d(channels, channels, (1, 7), padding=(0, 9), dilation=(1, 3))
+    unit.conv2 = torch.nn.Conv2d(channels, channels, 1)
+    with torch.no_grad():
+        for conv in (unit.conv1, unit.conv2):
+            conv.weight.copy_(torch.randn(conv.weight.shape, generator=generator) * 0.05)
+            conv.bias.copy_(torch.randn(conv.bias.shape, generator=generator))
+    unit = unit.requires_grad_(False).to(device, dtype)
+    unit.snake1 = FastSnake1d(_Snake().to(device, dtype), "triton")
+    unit.snake2 = FastSnake1d(_Snake().to(device, dtype), "triton")
+    return unit
 
 
 # ----------------------------------------------------------------------------- CUDA graphs
@@ -424,7 +858,9 @@ class FastOobleck:
         param = next(vae.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.options = options
-        self.folded = fold_weight_norm(vae)
+        fold_weight_norm(vae)
+        # Totals, not this call's count: a caller that folded first must not read as "0 folded".
+        self.folded, self.unfolded = weight_norm_folded(vae), weight_norm_left(vae)
         snake = resolve_snake(options.snake, self.device)
         if options.compile:
             snake = "torch"  # inductor fuses the plain expression with its neighbours
@@ -442,6 +878,21 @@ class FastOobleck:
             convs_to_2d(vae.encoder)
             vae.decoder, vae.encoder = Nhwc(vae.decoder), Nhwc(vae.encoder)
         self.layout = "nhwc" if isinstance(vae.decoder, Nhwc) else "ncw"
+        self.residual_impl: str | None = None
+        if self.layout == "nhwc" and options.fuse_residual:
+            impl = "triton" if snake == "triton" and self.dtype in _RESIDUAL_DTYPES else "torch"
+            if impl == "triton":
+                problem = residual_self_check(self.device, self.dtype)
+                if problem:
+                    log.warning("%s; using the torch residual path", problem)
+                    impl = "torch"
+            self.residual_impl = impl
+            for wrapper in (vae.decoder, vae.encoder):
+                fuse_residuals(wrapper, impl)
+                fold_conv_biases(wrapper.inner)
+        # what the VAE holds (an already prepared VAE keeps its fused units)
+        self.residuals = sum(isinstance(m, FastResidualUnit) for m in vae.modules())
+        self.biases_moved = count_folded_biases(vae)
         decode: Callable = vae.decoder
         encode: Callable = vae.encoder
         if options.compile:
@@ -463,8 +914,13 @@ class FastOobleck:
             "layout": self.layout,
             "compile": self.options.compile,
             "cuda_graphs": self.uses_graphs,
-            "weight_norm_folded": self.folded,
+            "weight_norm_folded": self.folded,  # by any fold_weight_norm call on this VAE
+            "weight_norm_left": self.unfolded,  # 0: no conv recomputes g * v / |v|
             "snakes_swapped": self.snakes,
+            "residuals_fused": self.residuals,  # FastResidualUnits (diffusers: 15 + 15)
+            "residual_impl": self.residual_impl,  # "triton" | "torch" | None (not fused)
+            # conv biases added by the Snake / residual unit after the conv instead of a pass
+            "conv_biases_folded": self.biases_moved,
         }
 
     @torch.no_grad()

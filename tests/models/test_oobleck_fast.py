@@ -7,12 +7,18 @@ import torch
 
 from hotstep_ray.models.oobleck_fast import (
     FastOobleck,
+    FastResidualUnit,
     FastSnake1d,
     OobleckFastOptions,
     ShapeGraphs,
+    convs_to_2d,
     fold_weight_norm,
+    residual_triton_fits,
     resolve_snake,
     snake_layout,
+    swap_snakes,
+    weight_norm_folded,
+    weight_norm_left,
 )
 
 
@@ -172,3 +178,120 @@ def test_shape_graphs_capture_policy_without_a_gpu(monkeypatch):
 class _Replay:
     def replay(self) -> None:
         pass
+
+
+# ----------------------------------------------------------------------------- residual units
+
+RESIDUAL_UNITS = 30  # 5 blocks x 3 residual units, in the encoder and in the decoder
+# conv biases moved into the Snake / unit after them: each unit's conv1 (30), the decoder's
+# conv1 and 5 conv_t1, the encoder's conv1 and 5 block conv1 (12)
+FOLDED_BIASES = RESIDUAL_UNITS + 12
+
+
+def _count_reference_units(vae) -> int:
+    return sum(type(m).__name__ == "OobleckResidualUnit" for m in vae.modules())
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_fused_residual_units_equal_the_reference(tiny_vae, fresh_vae, fuse):
+    """nhwc + torch Snake on the CPU: the fused units (1x1 conv + bias + residual as one GEMM,
+    conv biases moved into the next Snake / unit) give the diffusers encode and decode."""
+    assert _count_reference_units(tiny_vae) == RESIDUAL_UNITS
+    fast = FastOobleck(fresh_vae(), OobleckFastOptions(snake="torch", fuse_residual=fuse))
+    info = fast.describe()
+    assert info["layout"] == "nhwc"
+    assert info["residuals_fused"] == (RESIDUAL_UNITS if fuse else 0)
+    assert info["conv_biases_folded"] == (FOLDED_BIASES if fuse else 0)
+    assert info["residual_impl"] == ("torch" if fuse else None)  # CPU: no Triton kernel
+    assert _count_reference_units(fast.vae) == (0 if fuse else RESIDUAL_UNITS)
+    z = _latents(5, seed=4)
+    audio = 0.3 * torch.randn(2, 2, 4 * 1920, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert _relative_error(fast.decode(z), tiny_vae.decoder(z)) < 1e-5
+        assert _relative_error(fast.encode(audio), tiny_vae.encoder(audio)) < 1e-5
+        if fuse:  # preparing again neither fuses twice nor moves a bias twice
+            again = FastOobleck(fast.vae, OobleckFastOptions(snake="torch"))
+            assert again.describe()["residuals_fused"] == RESIDUAL_UNITS
+            assert again.describe()["conv_biases_folded"] == FOLDED_BIASES
+            assert _relative_error(again.decode(z), tiny_vae.decoder(z)) < 1e-5
+            # the check has teeth: a wrong folded bias in one unit is caught
+            fast.vae.decoder.inner.block[0].res_unit1.bias.add_(0.05)
+            assert _relative_error(fast.decode(z), tiny_vae.decoder(z)) > 1e-4
+
+
+def test_ncw_layout_leaves_residual_units_alone(fresh_vae):
+    fast = FastOobleck(fresh_vae(), OobleckFastOptions(layout="ncw"))
+    assert fast.describe()["residuals_fused"] == 0
+    assert fast.describe()["conv_biases_folded"] == 0
+
+
+def _prepared_unit(reference):
+    """A copy of a diffusers OobleckResidualUnit run through the FastOobleck preparation."""
+    from diffusers.models.autoencoders.autoencoder_oobleck import OobleckResidualUnit
+
+    unit = OobleckResidualUnit(reference.conv1.in_channels, reference.conv1.dilation[0])
+    unit.load_state_dict(reference.state_dict())
+    unit.conv1.padding = reference.conv1.padding
+    fold_weight_norm(unit)
+    swap_snakes(unit, "torch")
+    convs_to_2d(unit)
+    return FastResidualUnit(unit, "triton")  # "triton" off CUDA: the torch path
+
+
+@pytest.mark.parametrize("padding", [9, 0])  # 0: conv1 shortens T, the residual is cropped
+def test_fast_residual_unit_equals_diffusers_unit(padding):
+    from diffusers.models.autoencoders.autoencoder_oobleck import OobleckResidualUnit
+
+    torch.manual_seed(0)
+    reference = OobleckResidualUnit(16, dilation=3).eval()
+    with torch.no_grad():
+        for name, param in reference.named_parameters():
+            if name.endswith((".alpha", ".beta", "bias")):
+                param.copy_(0.5 * torch.randn(param.shape))
+    reference.conv1.padding = (padding,)
+    fast = _prepared_unit(reference)
+    x = torch.randn(3, 16, 50)
+    with torch.no_grad():
+        want = reference(x)
+        got = fast(x.unsqueeze(2).contiguous(memory_format=torch.channels_last))
+        # a conv's bias moved in: unit(x + b) with the conv run bias-free
+        shift = torch.randn(16)
+        want_shifted = reference(x + shift.view(1, -1, 1))
+        fast.add_input_shift(shift)
+        got_shifted = fast(x.unsqueeze(2).contiguous(memory_format=torch.channels_last))
+    assert want.shape[-1] == 50 - (18 - 2 * padding)  # the crop case really crops
+    assert got.is_contiguous(memory_format=torch.channels_last)  # the next conv sees NHWC
+    assert _relative_error(got.squeeze(2), want) < 1e-5
+    assert _relative_error(got_shifted.squeeze(2), want_shifted) < 1e-5
+    with pytest.raises(ValueError, match="nhwc"):
+        fast(x)
+
+
+def test_fast_residual_unit_needs_the_prepared_modules():
+    from diffusers.models.autoencoders.autoencoder_oobleck import OobleckResidualUnit
+
+    unit = OobleckResidualUnit(8, dilation=1)
+    with pytest.raises(ValueError, match="swap_snakes"):
+        FastResidualUnit(unit)
+    fold_weight_norm(unit)
+    swap_snakes(unit, "torch")
+    with pytest.raises(ValueError, match="convs_to_2d"):
+        FastResidualUnit(unit)
+
+
+def test_triton_residual_kernel_is_gated_to_cuda_half_precision():
+    x = torch.zeros(1, 128, 1, 10).contiguous(memory_format=torch.channels_last)
+    assert not residual_triton_fits(x, x)  # CPU tensors run the torch path
+    assert not residual_triton_fits(x.bfloat16(), x.bfloat16())
+
+
+def test_weight_norm_count_survives_an_earlier_fold(fresh_vae):
+    """diffusers (0.42) builds Oobleck with old-style weight-norm hooks; a caller that folds
+    before FastOobleck (the preprocessing Encoder does) must not read as "0 folded"."""
+    vae = fresh_vae()
+    assert weight_norm_left(vae) > 50
+    first = fold_weight_norm(vae)
+    assert first > 50 and weight_norm_left(vae) == 0
+    fast = FastOobleck(vae, OobleckFastOptions(layout="ncw"))
+    assert fast.describe()["weight_norm_folded"] == first == weight_norm_folded(vae)
+    assert fast.describe()["weight_norm_left"] == 0
