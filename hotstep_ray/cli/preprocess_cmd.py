@@ -59,7 +59,11 @@ def run(
     compat: str = typer.Option("hotstep", help="hotstep (inference prompts) | sidestep."),
     max_caption_tokens: int = typer.Option(512, min=16, max=4096),
     max_lyric_tokens: int = typer.Option(2048, min=16, max=4096),
-    vae_chunk: int = typer.Option(384, min=64, help="VAE window, latent frames (25/s)."),
+    vae_chunk: int = typer.Option(
+        PreprocessRunOptions.model_fields["vae_chunk_frames"].default,
+        min=64,
+        help="VAE window, latent frames (25/s).",
+    ),
     vae_overlap: int = typer.Option(48, min=0, help="Frames discarded each side of a window."),
     overwrite: bool = typer.Option(False, help="Re-encode every sample, cached or not."),
     output_dir: str = typer.Option("", help="Variant folder name (default: the DiT's name)."),

@@ -248,7 +248,10 @@ class PreprocessOptions(Options):
     # Route values (512 / 2048) win over the type comments (256 / 512): they are what runs.
     max_caption_tokens: int = Field(default=512, ge=16, le=4096)
     max_lyric_tokens: int = Field(default=2048, ge=16, le=4096)
-    vae_chunk_frames: int = Field(default=384, ge=64)  # 384 latent frames ≈ 15.4 s
+    # HOT-Step's route: 384 frames (15.4 s, set by its C++ engine's memory). Ours encodes 1536
+    # (61 s) per window in the same memory as its 4 x 384 batches, and re-encodes ~7% of a 240 s
+    # song at the window edges instead of ~34% (H200: docs/BENCHMARKS.md); any value >= 64 works.
+    vae_chunk_frames: int = Field(default=1536, ge=64)
     vae_overlap_frames: int = Field(default=48, ge=0)  # route 48; the type comment's 64 is stale
     overwrite: bool = False
     output_dir: str = ""

@@ -45,6 +45,7 @@ from hotstep_ray.preprocess.items import EncodedSample, EncodeItem, EncoderSetti
 from hotstep_ray.preprocess.model_paths import ModelPaths
 from hotstep_ray.preprocess.vae_tiles import encode_moments
 
+CODES_FRAMES_PER_CALL = 12_000  # latent frames per audio-tokenizer call (two 240 s songs)
 TIMBRE_FRAMES = 750  # 30 s of 25 Hz frames: the reference-audio length inference uses
 
 
@@ -116,7 +117,7 @@ class Encoder:
             audios,
             self.settings.vae_chunk_frames,
             self.settings.vae_overlap_frames,
-            self.settings.vae_batch_windows,
+            self.settings.vae_batch_frames,
             fast=self.fast_vae,
         )
         out = []
@@ -135,15 +136,20 @@ class Encoder:
         return out.indices[0, :, 0].long()
 
     def codes_many(self, latents: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """`codes` of several songs; songs of equal length share one tokenizer call (8 songs of
-        240 s: one [8, 6000, 64] pass instead of eight launch-bound ones). Rows never mix: the
-        tokenizer pools each 5-frame window of each row on its own."""
+        """`codes` of several songs; songs of equal length share a tokenizer call, up to
+        `CODES_FRAMES_PER_CALL` frames (H200, 8 x 240 s: 303 -> 260 ms, but the float32
+        activations of all 8 at once took 5 GiB, so calls hold two such songs). Rows never mix:
+        the tokenizer pools each 5-frame window of each row on its own."""
         groups: dict[int, list[int]] = defaultdict(list)
         for index, z in enumerate(latents):
             groups[z.shape[0]].append(index)
+        calls = []
+        for frames, members in groups.items():
+            rows = max(1, CODES_FRAMES_PER_CALL // max(1, frames))
+            calls += [members[i : i + rows] for i in range(0, len(members), rows)]
         out: list[torch.Tensor] = [torch.empty(0)] * len(latents)
         silence = self.dit.silence_latent.to(self.device)[None]  # [1, N, 64]
-        for members in groups.values():
+        for members in calls:
             stacked = torch.stack([latents[i].float() for i in members])  # [G, T, 64]
             indices = tokenize_latents(self.dit.audio_tokenizer, stacked, silence).indices
             for row, index in enumerate(members):

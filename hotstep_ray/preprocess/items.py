@@ -32,13 +32,18 @@ class EncodedSample:
     s_text_genre: int = 0
 
 
+# Latent frames per VAE encoder forward ([N, 2, frames * 1920] audio; ~1 GiB of bf16 activations
+# per 384 frames): one default 1536-frame window, or four 384-frame ones.
+VAE_BATCH_FRAMES = 1536
+
+
 @dataclass(frozen=True)
 class EncoderSettings:
-    vae_chunk_frames: int = 384
+    vae_chunk_frames: int = 1536
     vae_overlap_frames: int = 48
     max_caption_tokens: int = 512
     max_lyric_tokens: int = 2048
-    vae_batch_windows: int = 4  # VAE windows per forward; ~1 GiB each in bf16 at 384 frames
+    vae_batch_frames: int = VAE_BATCH_FRAMES
     seed: int = 0  # posterior-noise seed, mixed with each sample id
 
 

@@ -24,7 +24,7 @@ from hotstep_ray.core.events import EventLog
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.distributed.runtime import ensure_ray
 from hotstep_ray.preprocess.cache import SampleOutputs, write_outputs
-from hotstep_ray.preprocess.items import EncoderSettings
+from hotstep_ray.preprocess.items import VAE_BATCH_FRAMES, EncoderSettings
 from hotstep_ray.preprocess.model_paths import ModelPaths
 from hotstep_ray.preprocess.plan import PreprocessRunOptions, RunPlan, SampleJob
 from hotstep_ray.preprocess.stages import (
@@ -43,7 +43,7 @@ class RayPipelineConfig:
     num_gpus_per_actor: float | None = None  # None: 1 when the cluster has GPUs, else 0
     num_cpus_per_actor: float = 1.0
     batch_size: int = 4  # samples per encoder call
-    vae_batch_windows: int = 4  # VAE windows per forward inside one call
+    vae_batch_frames: int = VAE_BATCH_FRAMES  # latent frames per VAE forward inside one call
     decode_cpus: float = 1.0  # per decode task (resampling is CPU-bound)
     write_cpus: float = 0.25
 
@@ -138,7 +138,7 @@ def run_ray(
         fn_kwargs={"opts_json": plan.options.model_dump_json()},
         num_cpus=config.decode_cpus,
     )
-    settings = asdict(encoder_settings(plan.options, config.vae_batch_windows))
+    settings = asdict(encoder_settings(plan.options, config.vae_batch_frames))
     dataset = dataset.map_batches(
         _EncodeActor,
         fn_constructor_kwargs={

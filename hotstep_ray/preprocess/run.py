@@ -20,6 +20,7 @@ from hotstep_ray.core.events import EventLog
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.preprocess.cache import SampleOutputs, read_sample, write_outputs
 from hotstep_ray.preprocess.finalize import PreprocessResult, finalize
+from hotstep_ray.preprocess.items import VAE_BATCH_FRAMES
 from hotstep_ray.preprocess.plan import META_FILE, RunPlan, make_plan
 from hotstep_ray.preprocess.stages import decode_job, encode_decoded, encoder_settings, plan_info
 
@@ -38,7 +39,7 @@ def preprocess_dataset(
     events: EventLog | None = None,
     *,
     batch_size: int = 4,
-    vae_batch_windows: int = 4,
+    vae_batch_frames: int = VAE_BATCH_FRAMES,
     device: str | None = None,
     ray_address: str | None = None,
     ray_config: RayPipelineConfig | None = None,
@@ -69,7 +70,7 @@ def preprocess_dataset(
             config = ray_config or RayPipelineConfig(batch_size=batch_size)
             outputs = run_ray(storage, plan, config, events, ray_address)
         else:
-            outputs = run_local(storage, plan, events, batch_size, vae_batch_windows, device)
+            outputs = run_local(storage, plan, events, batch_size, vae_batch_frames, device)
     return finalize(storage, plan, outputs, events)
 
 
@@ -78,7 +79,7 @@ def run_local(
     plan: RunPlan,
     events: EventLog | None = None,
     batch_size: int = 4,
-    vae_batch_windows: int = 4,
+    vae_batch_frames: int = VAE_BATCH_FRAMES,
     device: str | None = None,
     decode_workers: int = 4,
 ) -> dict[str, SampleOutputs]:
@@ -88,7 +89,7 @@ def run_local(
     from hotstep_ray.preprocess.encode import Encoder
 
     opts = plan.options
-    encoder = Encoder.load(plan.paths, encoder_settings(opts, vae_batch_windows), device)
+    encoder = Encoder.load(plan.paths, encoder_settings(opts, vae_batch_frames), device)
     info = plan_info(plan)
     outputs: dict[str, SampleOutputs] = {}
     total = len(plan.jobs)

@@ -15,7 +15,7 @@ from hotstep_ray.core.contracts import LATENT_HZ
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.preprocess.audio_prep import HOP_SAMPLES, PreparedAudio, prepare_audio
 from hotstep_ray.preprocess.cache import SampleOutputs, build_outputs, failed_outputs, file_checksum
-from hotstep_ray.preprocess.items import EncodeItem, EncoderSettings
+from hotstep_ray.preprocess.items import VAE_BATCH_FRAMES, EncodeItem, EncoderSettings
 from hotstep_ray.preprocess.plan import (
     PreprocessRunOptions,
     RunPlan,
@@ -72,13 +72,15 @@ def prompts_for(job: SampleJob, duration_s: float, compat: str) -> dict[str, str
     }
 
 
-def encoder_settings(opts: PreprocessRunOptions, vae_batch_windows: int = 4) -> EncoderSettings:
+def encoder_settings(
+    opts: PreprocessRunOptions, vae_batch_frames: int = VAE_BATCH_FRAMES
+) -> EncoderSettings:
     return EncoderSettings(
         vae_chunk_frames=opts.vae_chunk_frames,
         vae_overlap_frames=opts.vae_overlap_frames,
         max_caption_tokens=opts.max_caption_tokens,
         max_lyric_tokens=opts.max_lyric_tokens,
-        vae_batch_windows=vae_batch_windows,
+        vae_batch_frames=vae_batch_frames,
         seed=opts.seed,
     )
 

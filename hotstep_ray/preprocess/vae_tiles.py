@@ -25,10 +25,12 @@ import torch
 import torch.nn.functional as F
 
 from hotstep_ray.preprocess.audio_prep import HOP_SAMPLES
+from hotstep_ray.preprocess.items import VAE_BATCH_FRAMES
 
 if TYPE_CHECKING:
     from hotstep_ray.models.oobleck_fast import FastOobleck
 
+TAIL_STEP = 64  # last-window lengths are multiples of 64 frames (<= chunk / 64 extra shapes)
 STD_FLOOR = 1e-4  # diffusers' OobleckDiagonalGaussianDistribution: std = softplus(scale) + 1e-4
 
 
@@ -40,9 +42,14 @@ class Window:
     keep_stop: int
 
 
-def plan_windows(frames: int, chunk: int, overlap: int) -> list[Window]:
+def plan_windows(frames: int, chunk: int, overlap: int, tail_step: int = 0) -> list[Window]:
     """Windows covering [0, frames): each `chunk` long (one shorter window for a short song),
-    consecutive cores abutting, every core >= `overlap` frames from its window's inner edges."""
+    consecutive cores abutting, every core >= `overlap` frames from its window's inner edges.
+
+    The last window ends flush with the song. `tail_step` 0: it is a full chunk, re-encoding
+    frames its neighbour already did (a 240 s song in 1536-frame windows: 7680 frames encoded
+    for 6000). `tail_step` > 0: it is only as long as its core plus `overlap` of left context,
+    rounded up to a multiple of `tail_step` frames (a few shapes for the CUDA graphs): 6400."""
     if chunk <= 2 * overlap:
         raise ValueError(f"chunk ({chunk}) must exceed twice the overlap ({overlap})")
     if frames <= chunk:
@@ -52,8 +59,10 @@ def plan_windows(frames: int, chunk: int, overlap: int) -> list[Window]:
         kept = windows[-1].keep_stop
         start = kept - overlap
         if start + chunk >= frames:  # last window: flush with the song end
-            start = frames - chunk
-            windows.append(Window(start, frames, kept, frames))
+            length = chunk
+            if tail_step > 0:
+                length = min(chunk, -(-(frames - start) // tail_step) * tail_step)
+            windows.append(Window(frames - length, frames, kept, frames))
         else:
             windows.append(Window(start, start + chunk, kept, start + chunk - overlap))
     return windows
@@ -65,12 +74,13 @@ def encode_moments(
     audios: list[torch.Tensor],
     chunk: int,
     overlap: int,
-    batch_windows: int = 4,
+    batch_frames: int = VAE_BATCH_FRAMES,
     fast: FastOobleck | None = None,
+    tail_step: int = TAIL_STEP,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """[2, S] float audio per song -> (mean [T, D], std [T, D]) float32 per song, T = S // 1920,
     D = latent channels (64), on the VAE's device. Windows of equal length from all songs run
-    together, `batch_windows` at a time. `fast`: the prepared fast path of this same VAE."""
+    together, as many per forward as fit in `batch_frames` (at least one). `fast`: the prepared fast path of this same VAE."""
     if fast is not None and fast.vae is not vae:
         raise ValueError("`fast` wraps another VAE than `vae`")
     run_encoder = fast.encode if fast is not None else vae.encoder
@@ -84,12 +94,13 @@ def encode_moments(
     stds = [torch.empty(t, channels, device=device) for t in frames]
     by_length: dict[int, list[tuple[int, Window]]] = defaultdict(list)
     for song, count in enumerate(frames):
-        for window in plan_windows(count, chunk, overlap):
+        for window in plan_windows(count, chunk, overlap, tail_step):
             by_length[window.stop - window.start].append((song, window))
     for length in sorted(by_length):
         jobs = by_length[length]
-        for first in range(0, len(jobs), batch_windows):
-            group = jobs[first : first + batch_windows]
+        per_forward = max(1, batch_frames // length)
+        for first in range(0, len(jobs), per_forward):
+            group = jobs[first : first + per_forward]
             batch = torch.stack(
                 [audios[song][:, w.start * HOP_SAMPLES : w.stop * HOP_SAMPLES] for song, w in group]
             )  # [N, 2, length * 1920]

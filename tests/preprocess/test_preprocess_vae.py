@@ -11,24 +11,43 @@ import torch
 from diffusers import AutoencoderOobleck
 
 from hotstep_ray.preprocess.audio_prep import HOP_SAMPLES
-from hotstep_ray.preprocess.vae_tiles import decode_latents, encode_moments, plan_windows
+from hotstep_ray.preprocess.vae_tiles import Window, decode_latents, encode_moments, plan_windows
 
 
 @pytest.mark.parametrize(
     ("frames", "chunk", "overlap"),
     [(10, 384, 48), (384, 384, 48), (385, 384, 48), (6000, 384, 48), (1000, 100, 0), (97, 64, 31)],
 )
-def test_window_plan_covers_the_song_with_context(frames: int, chunk: int, overlap: int) -> None:
-    windows = plan_windows(frames, chunk, overlap)
+@pytest.mark.parametrize("tail_step", [0, 64, 7])
+def test_window_plan_covers_the_song_with_context(
+    frames: int, chunk: int, overlap: int, tail_step: int
+) -> None:
+    windows = plan_windows(frames, chunk, overlap, tail_step)
     assert windows[0].keep_start == 0 and windows[-1].keep_stop == frames
     for before, after in zip(windows, windows[1:], strict=False):
         assert before.keep_stop == after.keep_start  # cores abut: every frame exactly once
+    for w in windows[:-1]:
+        assert w.stop - w.start == chunk  # equal lengths batch together
+    tail = windows[-1].stop - windows[-1].start
+    if tail_step == 0 or len(windows) == 1:
+        assert tail == min(chunk, frames)
+    else:  # a multiple of the step, or the full chunk
+        assert tail == chunk or tail % tail_step == 0
     for w in windows:
-        assert w.stop - w.start == min(chunk, frames)  # equal lengths batch together
         assert 0 <= w.start <= w.keep_start < w.keep_stop <= w.stop <= frames
         # >= overlap frames of real context inside the window, unless at the song's edge
         assert w.keep_start - w.start >= overlap or w.start == 0
         assert w.stop - w.keep_stop >= overlap or w.stop == frames
+
+
+def test_short_tail_window_saves_the_reencoded_frames() -> None:
+    """240 s (6000 frames) in 1536-frame windows: a full-chunk tail re-encodes 1680 frames, a
+    tail cut to its core + left context (rounded to 64) only 400."""
+    full = plan_windows(6000, 1536, 48)
+    short = plan_windows(6000, 1536, 48, tail_step=64)
+    assert sum(w.stop - w.start for w in full) == 7680
+    assert sum(w.stop - w.start for w in short) == 6400
+    assert short[-1] == Window(5744, 6000, 5808, 6000)
 
 
 def test_window_plan_refuses_overlap_eating_the_chunk() -> None:
@@ -60,6 +79,12 @@ def test_tiled_encode_equals_untiled_and_decode_length() -> None:
     # Bound: float rounding only (overlap 6 covers the receptive field) ...
     torch.testing.assert_close(tiled_mean, mean, atol=2e-5, rtol=0)
     torch.testing.assert_close(tiled_std, std, atol=2e-5, rtol=0)
+    # ... also with a short tail window (26 frames: a 14-frame tail instead of the full 16)
+    longer = 0.3 * torch.randn(2, 26 * HOP_SAMPLES, generator=generator)
+    assert plan_windows(26, 16, 6, tail_step=2)[-1] == Window(12, 26, 18, 26)
+    ((tail_mean, _),) = encode_moments(vae, [longer], chunk=16, overlap=6, tail_step=2)
+    ((whole_mean, _),) = encode_moments(vae, [longer], chunk=10_000, overlap=0)
+    torch.testing.assert_close(tail_mean, whole_mean, atol=2e-5, rtol=0)
     # ... and the check has teeth: an overlap of 2 frames does not.
     ((short_mean, _),) = encode_moments(vae, [audio], chunk=16, overlap=2)
     assert (short_mean - mean).abs().max() > 100 * 2e-5
@@ -78,8 +103,8 @@ def test_fast_encode_equals_the_plain_encode() -> None:
     fast = FastOobleck(fast_vae, OobleckFastOptions(layout="nhwc"))
     generator = torch.Generator().manual_seed(2)
     audios = [0.3 * torch.randn(2, n * HOP_SAMPLES, generator=generator) for n in (20, 9)]
-    want = encode_moments(plain, audios, chunk=16, overlap=6, batch_windows=2)
-    got = encode_moments(fast_vae, audios, chunk=16, overlap=6, batch_windows=2, fast=fast)
+    want = encode_moments(plain, audios, chunk=16, overlap=6, batch_frames=32)
+    got = encode_moments(fast_vae, audios, chunk=16, overlap=6, batch_frames=32, fast=fast)
     for (mean, std), (fast_mean, fast_std) in zip(want, got, strict=True):
         torch.testing.assert_close(fast_mean, mean, atol=2e-5, rtol=0)
         torch.testing.assert_close(fast_std, std, atol=2e-5, rtol=0)
