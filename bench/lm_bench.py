@@ -12,7 +12,13 @@ optimizer step, zero_grad. Configurations per size:
                 mask from the position ids; varlen: flash varlen on the song boundaries)
     suffixes    _ckpt every layer checkpointed, _fit16 the fewest checkpointed layers that the
                 memory model fits in 16 GiB, _muon hybrid Muon instead of AdamW, _compile
-                torch.compile on each decoder layer
+                torch.compile of each decoder layer as the trainer does it (Inductor default
+                mode, `lm_loss.compile_layers`, static shapes, rows padded to 64 tokens), _ro the
+                same in reduce-overhead mode (CUDA graphs, `cudagraph_mark_step_begin` per step)
+
+`--compile off|default|reduce-overhead` overrides the mode of every chosen configuration. A compiled
+configuration also reports its first step (the compile), dynamo's graph breaks and graphs, and when
+named in `--new-shape` one step on songs 64 tokens longer (what each new row width costs a run).
 
 Per configuration: 3 warm-up steps, then `--steps` timed steps (synchronised), median. MFU uses
 `shared/reference/lm-vae-baseline.md`'s model-FLOP formula (`lm_vram.train_flops`; the head counted
@@ -22,6 +28,9 @@ from the measured tokens/s. One process; a configuration that fails is recorded 
 runs. Results go to `$OUT/lm_bench.json` after every configuration, and a table to stdout.
 
     python bench/lm_bench.py [--sizes 0.6B 1.7B 4B] [--configs NAME ...] [--steps 10]
+        [--compile off|default|reduce-overhead] [--new-shape CONFIG ...]
+    python bench/lm_bench.py --device cpu --sizes tiny --configs song song_compile --steps 2 \
+        --backend aot_eager    # smoke test of the script (tiny: 2 layers, 64 wide)
 """
 
 from __future__ import annotations
@@ -59,22 +68,42 @@ SHAPES = {
     "1.7B": (2048, 28, 16, 6144),
     "4B": (2560, 36, 32, 9728),
 }
-# name: (sequence kind, songs, attention, checkpointing, optimizer, compile)
-CONFIGS: dict[str, tuple[str, int, str, str, str, bool]] = {
-    "b1700_ckpt": ("flat", 1, "sdpa", "full", "adamw", False),
-    "b1700": ("flat", 1, "sdpa", "none", "adamw", False),
-    "song_fit16": ("song", 1, "sdpa", "fit16", "adamw", False),
-    "song": ("song", 1, "sdpa", "none", "adamw", False),
-    "pack4_sdpa": ("song", 4, "sdpa", "none", "adamw", False),
-    "pack4_varlen": ("song", 4, "varlen", "none", "adamw", False),
-    "pack4_varlen_fit16": ("song", 4, "varlen", "fit16", "adamw", False),
-    "pack4_varlen_muon": ("song", 4, "varlen", "none", "muon", False),
-    "song_compile": ("song", 1, "sdpa", "none", "adamw", True),
-    "pack4_varlen_compile": ("song", 4, "varlen", "none", "adamw", True),
+TINY = (64, 2, 4, 128)  # CPU smoke test only: hidden, layers, heads, intermediate (2 KV heads)
+# name: (sequence kind, songs, attention, checkpointing, optimizer, compile mode)
+CONFIGS: dict[str, tuple[str, int, str, str, str, str]] = {
+    "b1700_ckpt": ("flat", 1, "sdpa", "full", "adamw", "off"),
+    "b1700": ("flat", 1, "sdpa", "none", "adamw", "off"),
+    "song_fit16": ("song", 1, "sdpa", "fit16", "adamw", "off"),
+    "song": ("song", 1, "sdpa", "none", "adamw", "off"),
+    "pack4_sdpa": ("song", 4, "sdpa", "none", "adamw", "off"),
+    "pack4_varlen": ("song", 4, "varlen", "none", "adamw", "off"),
+    "pack4_varlen_fit16": ("song", 4, "varlen", "fit16", "adamw", "off"),
+    "pack4_varlen_muon": ("song", 4, "varlen", "none", "muon", "off"),
+    "song_compile": ("song", 1, "sdpa", "none", "adamw", "default"),
+    "song_fit16_compile": ("song", 1, "sdpa", "fit16", "adamw", "default"),
+    "pack4_varlen_compile": ("song", 4, "varlen", "none", "adamw", "default"),
+    "song_ro": ("song", 1, "sdpa", "none", "adamw", "reduce-overhead"),
+    "song_fit16_ro": ("song", 1, "sdpa", "fit16", "adamw", "reduce-overhead"),
+    "pack4_varlen_ro": ("song", 4, "varlen", "none", "adamw", "reduce-overhead"),
 }
+COMPILE_CHOICES = ("config", "off", "default", "reduce-overhead")
 
 
 def lm_config(size: str) -> dict[str, Any]:
+    if size == "tiny":
+        hidden, layers, heads, inter = TINY
+        return {
+            "model_type": "qwen3",
+            "vocab_size": VOCAB,
+            "hidden_size": hidden,
+            "intermediate_size": inter,
+            "num_hidden_layers": layers,
+            "num_attention_heads": heads,
+            "num_key_value_heads": 2,
+            "head_dim": hidden // heads,
+            "tie_word_embeddings": True,
+            "use_cache": False,
+        }
     try:
         from hotstep_ray.models.full_configs import LM_CONFIGS
 
@@ -142,15 +171,19 @@ def inject_lora(model: torch.nn.Module) -> str:
     return how
 
 
-def make_batch(kind: str, songs: int, seed: int) -> lm_data.MicroBatch:
+def make_batch(
+    kind: str, songs: int, seed: int, pad_multiple: int = 1, tokens: int = SONG_TOKENS
+) -> lm_data.MicroBatch:
+    """One row of `songs` songs of `tokens` tokens, padded to `pad_multiple` (the trainer pads
+    compiled rows to 64: 1700 -> 1728 tokens, 6800 -> 6848; the pads count as no work in MFU)."""
     generator = torch.Generator().manual_seed(seed)
     examples = []
     for i in range(songs):
-        ids = torch.randint(0, VOCAB, (SONG_TOKENS,), generator=generator).tolist()
+        ids = torch.randint(0, VOCAB, (tokens,), generator=generator).tolist()
         start = 1 if kind == "flat" else SONG_PROMPT  # flat: loss on every token
-        end = SONG_TOKENS if kind == "flat" else SONG_TOKENS - 1  # song: not the final "\n"
+        end = tokens if kind == "flat" else tokens - 1  # song: not the final "\n"
         examples.append(lm_data.LmExample(f"s{i}", tuple(ids), start, end, 1200))
-    return lm_data.collate(examples, (tuple(range(songs)),))
+    return lm_data.collate(examples, (tuple(range(songs)),), pad_multiple=pad_multiple)
 
 
 def checkpoint_layers(
@@ -172,37 +205,61 @@ def checkpoint_layers(
 
 
 def run_config(
-    name: str, model: Qwen3ForCausalLM, dims: lm_vram.LmDims, steps: int, device: torch.device
+    name: str,
+    model: Qwen3ForCausalLM,
+    dims: lm_vram.LmDims,
+    steps: int,
+    device: torch.device,
+    compile_mode: str = "config",
+    backend: str = "inductor",
+    new_shape: bool = False,
 ) -> dict[str, Any]:
-    kind, songs, attention, ckpt_mode, optimizer_kind, compiled = CONFIGS[name]
-    batch = make_batch(kind, songs, seed=len(name))
+    kind, songs, attention, ckpt_mode, optimizer_kind, mode = CONFIGS[name]
+    mode = mode if compile_mode == "config" else compile_mode
+    compiled = mode != "off"
+    pad = lm_loss.COMPILE_PAD_MULTIPLE if compiled else 1  # the trainer's rows (`lm.row_multiple`)
+    batch = make_batch(kind, songs, seed=len(name), pad_multiple=pad)
     n_adapter = lm_vram.adapter_params(dims, "lora", RANK)
     ckpt = checkpoint_layers(ckpt_mode, dims, batch, n_adapter)
     lm_loss.set_attention(model, attention)
     lm_loss.set_layer_checkpointing(model.model.layers, ckpt)
+    counters = torch._dynamo.utils.counters
+    counters.clear()
     if compiled:
-        for layer in model.model.layers:
-            layer.compile(dynamic=False)
+        lm_loss.compile_layers(model.model.layers, mode, backend=backend)
     module = lm_loss.LmLossModule(model, lm_loss.DEFAULT_CE_CHUNK)
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in trainable]
     optimizer = build_optimizer(trainable, kind=optimizer_kind, lr=1e-5)
+    keep_grads = mode == "reduce-overhead"  # `lm.stable_grads`: .grad outside the graph pool
+    if keep_grads:
+        for param in params:
+            param.grad = torch.zeros_like(param)
     batch = batch.to(device)
 
-    def step() -> None:
+    def step(batch: lm_data.MicroBatch = batch) -> None:
+        if mode == "reduce-overhead":  # as `lm.run_epoch`: the last step's graph outputs are dead
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             loss = lm_loss.batch_loss(module, batch)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=not keep_grads)
 
+    compile_info: dict[str, Any] = {}
     try:
         sync(device)
         started = time.perf_counter()
         step()
         sync(device)
         first_ms = (time.perf_counter() - started) * 1000  # includes compilation
+        if compiled:
+            compile_info = {
+                "graph_breaks": sum(counters["graph_break"].values()),
+                "break_reasons": sorted(counters["graph_break"])[:5],
+                "graphs": counters["stats"]["unique_graphs"],
+            }
         for _ in range(2):
             step()
         sync(device)
@@ -215,11 +272,19 @@ def run_config(
             sync(device)
             times.append(time.perf_counter() - started)
         peak, reserved = peak_memory(device)
+        if compiled and new_shape:  # a row 64 tokens wider: what each new width costs a run
+            wider = make_batch(kind, songs, seed=1, pad_multiple=pad, tokens=SONG_TOKENS + 64)
+            wider = wider.to(device)
+            sync(device)
+            started = time.perf_counter()
+            step(wider)
+            sync(device)
+            compile_info["new_shape_ms"] = round((time.perf_counter() - started) * 1000, 1)
+            compile_info["graphs_after_new_shape"] = counters["stats"]["unique_graphs"]
     finally:
         if compiled:
-            for layer in model.model.layers:
-                layer._compiled_call_impl = None
-            torch._dynamo.reset()
+            lm_loss.uncompile_layers(model.model.layers)
+            torch._dynamo.reset()  # also frees the CUDA-graph pools of reduce-overhead
         lm_loss.set_layer_checkpointing(model.model.layers, 0)
         model.zero_grad(set_to_none=True)
     seconds = statistics.median(times)
@@ -239,11 +304,13 @@ def run_config(
         "sequence": kind,
         "songs_per_step": songs,
         "tokens": batch.n_tokens,
+        "width": int(batch.input_ids.shape[1]),
         "targets": batch.n_targets,
         "attention": attention,
         "checkpointed_layers": ckpt,
         "optimizer": optimizer_kind,
-        "compile": compiled,
+        "compile": mode,
+        **({"backend": backend} if compiled and backend != "inductor" else {}),
         "ms_step": round(seconds * 1000, 2),
         "ms_p10": round(sorted(times)[len(times) // 10] * 1000, 2),
         "ms_p90": round(sorted(times)[(len(times) * 9) // 10 - 1] * 1000, 2),
@@ -257,6 +324,7 @@ def run_config(
         "reserved_gib": round(reserved / lm_vram.GIB, 3),
         "estimate_gib": round(estimate.total / lm_vram.GIB, 3),
         "seed_run_s": round(seed_tokens / tokens_per_s, 1),
+        **compile_info,
     }
 
 
@@ -294,16 +362,20 @@ def environment(device: torch.device) -> dict[str, Any]:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    head = "| LM | config | tokens | ckpt | ms/step | tokens/s | MFU % | peak GiB | est GiB | seed run s |"
-    lines = [head, "|" + "---|" * 10]
+    head = (
+        "| LM | config | compile | tokens | ckpt | ms/step | tokens/s | MFU % | peak GiB | "
+        "est GiB | seed run s | first step ms |"
+    )
+    lines = [head, "|" + "---|" * 12]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['size']} | {r['config']} | error: {r['error'][:60]} |" + " |" * 7)
+            lines.append(f"| {r['size']} | {r['config']} | error: {r['error'][:60]} |" + " |" * 9)
             continue
         lines.append(
-            f"| {r['size']} | {r['config']} | {r['tokens']} | {r['checkpointed_layers']} | "
-            f"{r['ms_step']} | {r['tokens_per_s']} | {100 * r['mfu']:.1f} | {r['peak_gib']} | "
-            f"{r['estimate_gib']} | {r['seed_run_s']} |"
+            f"| {r['size']} | {r['config']} | {r['compile']} | {r['tokens']} | "
+            f"{r['checkpointed_layers']} | {r['ms_step']} | {r['tokens_per_s']} | "
+            f"{100 * r['mfu']:.1f} | {r['peak_gib']} | {r['estimate_gib']} | {r['seed_run_s']} | "
+            f"{r['first_step_ms']} |"
         )
     return "\n".join(lines)
 
@@ -315,6 +387,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     parser.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test the script")
+    parser.add_argument(
+        "--compile",
+        choices=COMPILE_CHOICES,
+        default="config",
+        help="compile mode of every configuration (config: each one's own)",
+    )
+    parser.add_argument(
+        "--backend", default="inductor", help="torch.compile backend (aot_eager: CPU smoke test)"
+    )
+    parser.add_argument(
+        "--new-shape",
+        nargs="*",
+        default=[],
+        metavar="CONFIG",
+        help="compiled configurations that also time one step on a 64-token wider row",
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -339,7 +427,17 @@ def main() -> None:
             continue
         for name in args.configs:
             try:
-                row = {"size": size, **run_config(name, model, dims, args.steps, device)}
+                row = run_config(
+                    name,
+                    model,
+                    dims,
+                    args.steps,
+                    device,
+                    args.compile,
+                    args.backend,
+                    new_shape=name in args.new_shape,
+                )
+                row = {"size": size, **row}
             except Exception as exc:  # one failing configuration must not stop the rest
                 row = {"size": size, "config": name, "error": repr(exc)[:500]}
                 traceback.print_exc()

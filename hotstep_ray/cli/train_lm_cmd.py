@@ -132,7 +132,15 @@ def run(
     pack_tokens: int = typer.Option(0, help="Row capacity when packing (0 = auto)."),
     checkpointing: str = typer.Option("auto", help="auto, none, full or a layer count."),
     attention: str = typer.Option("sdpa", help="sdpa or varlen."),
-    compile_layers: bool = typer.Option(False, "--compile", help="torch.compile each layer."),
+    compile_mode: str = typer.Option(
+        "off",
+        "--compile",
+        help="torch.compile each decoder layer: auto (default on CUDA, off on CPU), off, default "
+        "or reduce-overhead. CUDA only; every new row shape compiles once.",
+    ),
+    pad_multiple: int = typer.Option(
+        0, help="Round row widths up to this many tokens (0 = 64 when compiled, else 1)."
+    ),
     device: str = typer.Option("", help="cuda, cuda:1, cpu (default: cuda when present)."),
     resume: str = typer.Option("", help="Continue the checkpoint of this run folder (no Ray)."),
     use_ray: bool = typer.Option(False, "--ray/--no-ray", help="Run as a Ray Train job."),
@@ -183,7 +191,8 @@ def run(
         pack_tokens=pack_tokens,
         checkpointing=checkpointing,
         attention=attention,
-        compile=compile_layers,
+        pad_multiple=pad_multiple,
+        compile=compile_mode,
     )
     job = Job(storage, "train-lm", dataset_id=slug, sinks=(_print_event,))
     spec = lm.LmTrainSpec(

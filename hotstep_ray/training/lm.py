@@ -21,6 +21,11 @@ alone (`run_key` = that run) exports the adapter it kept. `holdout_fraction` kee
 training and reports their loss per epoch as `eval` events; `calibrate` ends the job with
 `calibration.after_train` (milestones x scales, baked into `<run>-calibrated/`).
 
+Compile (`LmEngine.compile`, `compile_mode`): auto | off | default | reduce-overhead; auto is default
+on CUDA and off on the CPU, where compiling is refused. Each decoder layer is compiled on its own with
+static shapes (`lm_loss.compile_layers`); rows are then padded to 64-token widths (`row_multiple`)
+so a run has few shapes, and the held-out loss runs the layers eagerly.
+
 bf16 weights with fp32 adapter masters under autocast on CUDA; float32 on CPU. Resumable
 checkpoints (`training.checkpoint`) are taken at epoch ends; a resumed run equals an
 uninterrupted one (data order is a function of (seed, epoch)).
@@ -41,7 +46,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
 from hotstep_ray.core import layout
@@ -61,6 +66,7 @@ LOG_FORMAT = "hot-step-lm-train-v1"
 CHECKPOINT_DIR = "checkpoint"  # resumable state under the run folder, removed after export
 MILESTONE_DIR = "milestones"
 MAX_LEN_CAP = 16384
+CompileMode = Literal["auto", "off", "default", "reduce-overhead"]
 
 
 class LmEngine(BaseModel):
@@ -71,16 +77,29 @@ class LmEngine(BaseModel):
     device: str = ""  # "" = cuda when present, else cpu
     batching: data.Batching = "single"  # single | bucket (options.batch songs) | pack
     pack_tokens: int = Field(default=0, ge=0)  # row capacity when packing; 0 = 8192 or longest
-    pad_multiple: int = Field(default=1, ge=1)  # round row width up (fewer torch.compile shapes)
+    # Round row widths up to a multiple of this (fewer compiled shapes); 0 = 64 when the layers
+    # are compiled, else 1. Pads are never targets and no real token attends to them.
+    pad_multiple: int = Field(default=0, ge=0)
     checkpointing: str = "auto"  # auto | none | full | <layers>
     ce_chunk: int = Field(default=lm_loss.DEFAULT_CE_CHUNK, ge=1)
     attention: str = "sdpa"  # sdpa | varlen | flex_attention | eager
-    compile: bool = False  # torch.compile each decoder layer
+    # torch.compile of each decoder layer (`compile_mode`): auto = default on CUDA, off on the CPU.
+    # Off by default until the GPU measurement (bench/device/lm_compile_run.sh) says it pays: the
+    # first step of every new row shape compiles.
+    compile: CompileMode = "off"
     vram_budget_gib: float = Field(default=0.0, ge=0)  # 0 = free GPU memory - reserve
     vram_reserve_gib: float = Field(default=1.5, ge=0)
     checkpoint_every: int = Field(default=1, ge=0)  # epochs between resumable checkpoints
     log_every: int = Field(default=10, ge=1)  # optimizer steps between step events
     cot_caption: bool = True  # the CoT repeats the caption (HOT-Step); False = metas only
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile_from_bool(cls, value: Any) -> Any:
+        """Specs written before the modes had `compile: true/false`."""
+        if isinstance(value, bool):
+            return "default" if value else "off"
+        return value
 
 
 class LmTrainSpec(BaseModel):
@@ -296,6 +315,8 @@ class LmSetup:
     trigger: str = ""
     trigger_position: str = "prepend"
     budget: int | None = None  # bytes a step may use (None: not fitted, CPU)
+    compile: str = "off"  # the resolved compile mode of the decoder layers (`compile_mode`)
+    pad_multiple: int = 1  # the resolved row-width multiple (`row_multiple`)
     init_from: dict[str, Any] = field(default_factory=dict)
     held_out: list[data.LmExample] = field(default_factory=list)  # holdout_fraction's songs
     holdout: dict[str, Any] | None = None  # the split (HoldoutSplit.to_dict)
@@ -324,6 +345,33 @@ def _device(engine: LmEngine) -> torch.device:
     if engine.device:
         return torch.device(engine.device)
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def compile_mode(requested: str, device: torch.device) -> str:
+    """The compile mode of the decoder layers: `auto` is `default` on CUDA and `off` elsewhere.
+    Compiling is refused off CUDA: Inductor's vectorised CPU kernels gave the DiT blocks the eager
+    loss but wrong adapter gradients (torch 2.13, `dit.compile_mode`), and CPU runs are test-size
+    models that compiling cannot speed up."""
+    if requested not in ("auto", "off", *lm_loss.COMPILE_MODES):
+        raise InputError(f"compile {requested!r}: expected auto, off, default or reduce-overhead")
+    if requested == "auto":
+        return "default" if device.type == "cuda" else "off"
+    if requested != "off" and device.type != "cuda":
+        raise InputError(
+            f"compile {requested!r} needs a CUDA device, this run is on {device}: torch.compile "
+            "of the LM layers is GPU-only (Inductor's CPU kernels are not trusted with adapter "
+            "gradients); use compile off or auto on the CPU"
+        )
+    return requested
+
+
+def row_multiple(engine: LmEngine, compiled: bool) -> int:
+    """Row widths round up to this: the engine's `pad_multiple`, else 64 tokens when the layers
+    are compiled (each new width is a new graph) and 1 (no padding beyond the longest row) when
+    they run eagerly."""
+    if engine.pad_multiple:
+        return engine.pad_multiple
+    return lm_loss.COMPILE_PAD_MULTIPLE if compiled else 1
 
 
 def _budget(engine: LmEngine, device: torch.device) -> int | None:
@@ -373,9 +421,11 @@ def plan_data(
     dims: lm_vram.LmDims,
     options: TrainLmOptions,
     budget: int | None,
+    pad_multiple: int = 1,
 ) -> data.DataPlan:
     """Read `lm_codes.jsonl`, decide max_len (the user's, else what fits the GPU with every layer
-    checkpointed, else the cap), render, skip over-length songs, plan the groups."""
+    checkpointed, else the cap), render, skip over-length songs, plan the groups (rows padded to
+    `pad_multiple` tokens when the step size is taken)."""
     engine = spec.engine
     if not storage.exists(spec.codes_key):
         raise InputError(f"{storage.url_of(spec.codes_key)}: missing (run preprocess first)")
@@ -409,7 +459,7 @@ def plan_data(
         batching=engine.batching,
         batch=options.batch,
         pack_tokens=engine.pack_tokens,
-        pad_multiple=engine.pad_multiple,
+        pad_multiple=pad_multiple,
     )
     plan.max_len_source = source
     if split is not None:  # one example per held-out song (no repeats), rendered as in training
@@ -433,9 +483,12 @@ def read_dims(lm_dir: str | Path) -> lm_vram.LmDims:
 
 def memory_plan(spec: LmTrainSpec, storage: Storage) -> lm_vram.VramEstimate:
     """The least memory one training worker needs (every layer checkpointed), computed without
-    loading weights: what the Ray job asks for."""
+    loading weights: what the Ray job asks for. `auto` compile counts as compiled (the workers are
+    GPUs), so the rows are sized with the padding they will get."""
     dims = read_dims(spec.lm_dir)
-    plan = plan_data(spec, storage, load_tokenizer(spec.lm_dir), dims, spec.options, None)
+    pad = row_multiple(spec.engine, spec.engine.compile != "off")
+    tokenizer = load_tokenizer(spec.lm_dir)
+    plan = plan_data(spec, storage, tokenizer, dims, spec.options, None, pad)
     fit = _fit_kwargs(spec.options, spec.engine, dims)
     return lm_vram.estimate_vram(
         dims,
@@ -460,6 +513,8 @@ def setup_lm(
     options, engine = spec.options, spec.engine
     device = device or _device(engine)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    mode = compile_mode(engine.compile, device)  # refuse before anything loads
+    pad = row_multiple(engine, mode != "off")
     budget = _budget(engine, device)
     tokenizer = load_tokenizer(spec.lm_dir)
     model = load_lm(spec.lm_dir, device=device, dtype=dtype)
@@ -483,7 +538,7 @@ def setup_lm(
         check_identity(source, identity, init_from["url"])
 
     # Data, then the memory plan for the largest micro-batch.
-    plan = plan_data(spec, storage, tokenizer, dims, options, budget)
+    plan = plan_data(spec, storage, tokenizer, dims, options, budget, pad)
     vram = _checkpoint_layers(
         engine,
         dims,
@@ -503,9 +558,10 @@ def setup_lm(
     if device.type == "cuda":  # bf16 activations meet fp32 adapter weights under autocast
         for _, layer in adapters.tuner_layers(model):
             layer.cast_input_dtype_enabled = False
-    if engine.compile:
-        for layer in model.model.layers:
-            layer.compile(dynamic=True)
+    if mode != "off":  # after the switches above: the graphs are traced with them
+        lm_loss.compile_layers(model.model.layers, mode)
+    if mode == "reduce-overhead":
+        stable_grads([p for _, p in adapters.trainable_parameters(model)])
     model.train()
     module: nn.Module = lm_loss.LmLossModule(model, engine.ce_chunk)
     if world > 1:
@@ -551,6 +607,8 @@ def setup_lm(
         trigger=plan.trigger,
         trigger_position=plan.trigger_position,
         budget=budget,
+        compile=mode,
+        pad_multiple=pad,
         init_from=init_from,
         held_out=plan.held_out,
         holdout=plan.holdout,
@@ -563,7 +621,7 @@ def setup_lm(
 
 
 def _announce(setup: LmSetup, split: str) -> None:
-    real, padded = data.padding_stats(setup.examples, setup.groups, setup.spec.engine.pad_multiple)
+    real, padded = data.padding_stats(setup.examples, setup.groups, setup.pad_multiple)
     setup.emit("vram", **setup.vram.to_dict(), budget_mb=_budget_mb(setup))
     setup.emit(
         "data",
@@ -590,6 +648,15 @@ def _announce(setup: LmSetup, split: str) -> None:
         f"optimizer {split}; {setup.vram.checkpointed_layers}/{setup.dims.layers} layers "
         f"checkpointed, est. peak {setup.vram.total / lm_vram.GIB:.1f} GiB"
     )
+    if setup.compile != "off":
+        shapes = {
+            (len(g), data.row_width(setup.examples, g, setup.pad_multiple)) for g in setup.groups
+        }
+        setup.log(
+            f"torch.compile ({setup.compile}) of the {setup.dims.layers} decoder layers, rows "
+            f"padded to multiples of {setup.pad_multiple} tokens: the first step of each of the "
+            f"{len(shapes)} [rows, width] shapes of this run compiles, then steps run compiled"
+        )
 
 
 def _budget_mb(setup: LmSetup) -> int:
@@ -660,11 +727,14 @@ def run_epoch(setup: LmSetup, state: LmTrainState, epoch: int) -> dict[str, Any]
     songs = 0
     norms: list[torch.Tensor] = []
     factor = 0.0
+    keep_grads = setup.compile == "reduce-overhead"  # see `stable_grads`
     for window in _windows(mine, options.grad_accum):
+        if setup.compile == "reduce-overhead":  # a new step: the last step's graph outputs are dead
+            torch.compiler.cudagraph_mark_step_begin()
         in_window = sum(len(row) for group in window for row in group)
         window_loss = torch.zeros((), device=setup.device)
         for j, group in enumerate(window):
-            batch = data.collate(setup.examples, group, pad_multiple=engine.pad_multiple)
+            batch = data.collate(setup.examples, group, pad_multiple=setup.pad_multiple)
             batch = batch.to(setup.device)
             last = j == len(window) - 1
             sync = contextlib.nullcontext() if last or setup.world == 1 else setup.module.no_sync()
@@ -676,12 +746,12 @@ def run_epoch(setup: LmSetup, state: LmTrainState, epoch: int) -> dict[str, Any]
             songs += batch.n_songs
         norms.append(torch.nn.utils.clip_grad_norm_(params, clip))
         if not torch.isfinite(norms[-1]):  # stop before a NaN/Inf step can reach the adapter
-            setup.optimizer.zero_grad(set_to_none=True)
+            setup.optimizer.zero_grad(set_to_none=not keep_grads)
             setup.log(f"non-finite gradient at step {state.step}; stopping", "error")
             return {"epoch": epoch, "loss": math.nan, "lr": 0.0, "grad_norm": math.nan, "ms": 0.0}
         factor = setup.schedule.apply(setup.optimizer, state.step)
         setup.optimizer.step()
-        setup.optimizer.zero_grad(set_to_none=True)
+        setup.optimizer.zero_grad(set_to_none=not keep_grads)
         loss_sum += window_loss
         state.step += 1
         if state.step % engine.log_every == 0:
@@ -779,13 +849,33 @@ def train_lm(
         epoch = state.epoch + 1
         end_epoch(setup, state, run_epoch(setup, state, epoch))
         if evaluator is not None:
-            loss = evaluator(epoch, setup.model)
+            with _eager(setup):
+                loss = evaluator(epoch, setup.model)
             state.holdout.append({"epoch": epoch, "loss": loss})
         if on_epoch is not None:
             on_epoch(setup, state)
         if stop_after_epoch and epoch >= stop_after_epoch and not state.finished:
             break
     return state
+
+
+def stable_grads(params: Iterator[torch.Tensor] | list[torch.Tensor]) -> None:
+    """Zeroed `.grad` buffers allocated outside any CUDA graph, for reduce-overhead. Otherwise a
+    parameter's first gradient of a step is the compiled backward's output itself, memory of the
+    CUDA-graph pool that the next micro-batch's replay overwrites (the next micro-batch of a
+    window starts a new graph generation). With a buffer in place the backward adds into it; the
+    steps then zero the buffers instead of dropping them. LoRA r16 on the 4B: 33 M fp32, 126 MiB."""
+    for param in params:
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+
+
+def _eager(setup: LmSetup) -> contextlib.AbstractContextManager:
+    """Compiled layers run eagerly inside: the held-out songs are a few unpadded no-grad passes
+    per epoch, each of which would otherwise compile a graph of its own."""
+    if setup.compile == "off":
+        return contextlib.nullcontext()
+    return torch.compiler.set_stance("force_eager")
 
 
 def holdout_evaluator(setup: LmSetup, state: LmTrainState) -> Any:
@@ -907,6 +997,8 @@ def train_log(setup: LmSetup, state: LmTrainState, peak_mb: int = 0) -> dict[str
         "trigger": setup.trigger,
         "trigger_position": setup.trigger_position,
         "engine": engine.model_dump(mode="json"),
+        "compile": setup.compile,
+        "pad_multiple": setup.pad_multiple,
         "checkpointed_layers": setup.vram.checkpointed_layers,
         "device": str(setup.device),
         "dtype": str(setup.dtype).removeprefix("torch."),

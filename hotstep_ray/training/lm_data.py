@@ -615,6 +615,13 @@ class MicroBatch:
         return MicroBatch(*moved, self.max_seqlen, self.song_ids, self.doc_lengths)
 
 
+def row_width(examples: Sequence[LmExample], group: Group, pad_multiple: int = 1) -> int:
+    """T of a group's `[R, T]` micro-batch: its longest row in tokens, rounded up to
+    `pad_multiple` (a compiled layer has one graph per distinct [R, T])."""
+    longest = max(sum(examples[i].length for i in row) for row in group)
+    return math.ceil(longest / pad_multiple) * pad_multiple
+
+
 def collate(
     examples: Sequence[LmExample],
     group: Group,
@@ -623,8 +630,7 @@ def collate(
 ) -> MicroBatch:
     """Rows of whole songs -> padded `[R, T]` tensors (T = longest row, rounded up to
     `pad_multiple`), position ids restarting per song, targets weighted per song."""
-    row_lengths = [sum(examples[i].length for i in row) for row in group]
-    width = math.ceil(max(row_lengths) / pad_multiple) * pad_multiple
+    width = row_width(examples, group, pad_multiple)
     input_ids = torch.full((len(group), width), pad_id, dtype=torch.long)
     position_ids = torch.zeros((len(group), width), dtype=torch.long)
     targets: list[torch.Tensor] = []  # flat target positions
@@ -668,7 +674,7 @@ def padding_stats(examples: Sequence[LmExample], groups: Sequence[Group], pad_mu
     real = padded = 0
     for group in groups:
         rows = [sum(examples[i].length for i in row) for row in group]
-        width = math.ceil(max(rows) / pad_multiple) * pad_multiple
+        width = row_width(examples, group, pad_multiple)
         real += sum(rows)
         padded += width * len(rows) - sum(rows)
     return real, padded

@@ -14,15 +14,20 @@ trainable head falls back to per-chunk activation checkpointing (three GEMMs per
 
 Attention. `sdpa` (default) lets transformers build a block-diagonal causal mask from the position
 ids that restart per song; `varlen` (registered here as `hotstep_varlen`) runs flash varlen
-attention on the `cu_seqlens` song boundaries on CUDA (`torch.nn.attention.varlen`), and one causal
-SDPA per song elsewhere.
+attention on the `cu_seqlens` song boundaries on CUDA (`torch.nn.attention.varlen`), and elsewhere one
+SDPA with the block-diagonal causal mask of those boundaries.
+
+Compile (`compile_layers`): each decoder layer is compiled on its own with static shapes; nothing in a
+layer breaks the graph (sdpa, varlen, eager attention; LoRA; activation checkpointing), which
+`tests/training/test_lm_compile.py` checks with `torch._dynamo.explain`.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -141,10 +146,56 @@ def flash_varlen_available() -> bool:
     return _flash_varlen() is not None
 
 
-@functools.cache
-def _varlen_params() -> frozenset[str]:
-    fn = _flash_varlen()
-    return frozenset(inspect.signature(fn).parameters) if fn is not None else frozenset()
+@dataclass(frozen=True)
+class _FlashVarlen:
+    """`varlen_attn` and the keyword arguments this torch's signature takes, worked out once at
+    registration: `inspect` and imports inside the attention would break a compiled layer's graph."""
+
+    fn: Callable[..., torch.Tensor]
+    extra: dict[str, Any]  # the causal switch (window_size or is_causal), enable_gqa when taken
+    has_scale: bool  # takes `scale`
+    gqa: bool  # the kernel shares KV heads itself; else they are repeated first
+
+
+_FLASH: _FlashVarlen | None = None
+_FLASH_LOOKED = False  # _FLASH is final (None: this torch has no varlen attention)
+
+
+def _flash_setup() -> _FlashVarlen | None:
+    global _FLASH, _FLASH_LOOKED
+    if not _FLASH_LOOKED:
+        fn = _flash_varlen()
+        if fn is not None:
+            params = frozenset(inspect.signature(fn).parameters)
+            extra: dict[str, Any] = {}
+            if "window_size" in params:
+                extra["window_size"] = (-1, 0)  # causal
+            else:
+                extra["is_causal"] = True
+            if "enable_gqa" in params:
+                extra["enable_gqa"] = True
+            _FLASH = _FlashVarlen(fn, extra, "scale" in params, "enable_gqa" in params)
+        _FLASH_LOOKED = True
+    return _FLASH
+
+
+def _flash_for(query: torch.Tensor) -> _FlashVarlen | None:
+    """The flash kernel when it applies to `query` (CUDA, fp16/bf16), else None."""
+    flash = _FLASH if _FLASH_LOOKED else _flash_setup()
+    if flash is None or not query.is_cuda or query.dtype not in (torch.float16, torch.bfloat16):
+        return None
+    return flash
+
+
+def _segment_mask(cu: torch.Tensor, batch: int, length: int) -> torch.Tensor:
+    """`[B, 1, T, T]` bool: query t sees key s when both lie in one segment of `cu` (over the
+    flattened B·T tokens) and s <= t. Shape-static tensor ops only (no `.tolist()`), so a
+    compiled layer keeps one graph whatever the song boundaries are."""
+    flat = torch.arange(batch * length, device=cu.device, dtype=cu.dtype)
+    segment = torch.bucketize(flat, cu[1:], right=True).view(batch, length)  # [B, T] song index
+    same = segment[:, :, None] == segment[:, None, :]  # [B, T, T]
+    causal = torch.ones(length, length, dtype=torch.bool, device=cu.device).tril()
+    return (same & causal)[:, None]
 
 
 def varlen_attention_forward(
@@ -160,51 +211,54 @@ def varlen_attention_forward(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Causal attention inside each segment of `cu_seq_lens_q` (over the flattened B·T tokens);
-    without it every row is one segment. Returns `[B, T, Hq, D]` as transformers expects."""
+    without it every row is one segment. Returns `[B, T, Hq, D]` as transformers expects.
+
+    CUDA bf16/fp16: flash varlen on the segments. Elsewhere one SDPA over the rows with the
+    block-diagonal causal mask of the segments (`_segment_mask`, O(B·T²) bool)."""
     batch, heads, length, dim = query.shape
-    if cu_seq_lens_q is None:
-        cu_seq_lens_q = torch.arange(0, (batch + 1) * length, length, dtype=torch.int32)
-        max_length_q = length
-    cu = cu_seq_lens_q.to(device=query.device, dtype=torch.int32)
-    q = query.transpose(1, 2).reshape(batch * length, heads, dim)  # [N, Hq, D]
-    k = key.transpose(1, 2).reshape(batch * length, key.shape[1], dim)  # [N, Hkv, D]
-    v = value.transpose(1, 2).reshape(batch * length, value.shape[1], dim)
-    flash = _flash_varlen()
-    if query.is_cuda and flash is not None and query.dtype in (torch.float16, torch.bfloat16):
-        params = _varlen_params()
-        extra: dict[str, Any] = {"scale": scaling} if "scale" in params else {}
-        if "window_size" in params:
-            extra["window_size"] = (-1, 0)  # causal
-        else:
-            extra["is_causal"] = True
-        if "enable_gqa" in params:
-            extra["enable_gqa"] = True
-        elif k.shape[1] != heads:
+    flash = _flash_for(query)
+    if flash is not None:
+        if cu_seq_lens_q is None:
+            cu_seq_lens_q = torch.arange(
+                0, (batch + 1) * length, length, dtype=torch.int32, device=query.device
+            )
+        cu = cu_seq_lens_q.to(device=query.device, dtype=torch.int32)
+        q = query.transpose(1, 2).reshape(batch * length, heads, dim)  # [N, Hq, D]
+        k = key.transpose(1, 2).reshape(batch * length, key.shape[1], dim)  # [N, Hkv, D]
+        v = value.transpose(1, 2).reshape(batch * length, value.shape[1], dim)
+        if not flash.gqa and k.shape[1] != heads:
             k = k.repeat_interleave(heads // k.shape[1], dim=1)
             v = v.repeat_interleave(heads // v.shape[1], dim=1)
-        max_len = int(max_length_q or length)
-        out = flash(q, k, v, cu, cu, max_len, max_len, **extra)
-    else:
-        bounds = cu.tolist()
-        pieces = []
-        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-            seg = F.scaled_dot_product_attention(
-                q[start:end].transpose(0, 1)[None],  # [1, Hq, L, D]
-                k[start:end].transpose(0, 1)[None],
-                v[start:end].transpose(0, 1)[None],
-                is_causal=True,
-                scale=scaling,
-                enable_gqa=True,
-            )
-            pieces.append(seg[0].transpose(0, 1))  # [L, Hq, D]
-        out = torch.cat(pieces)
-    return out.reshape(batch, length, heads, dim), None
+        extra = {**flash.extra, "scale": scaling} if flash.has_scale else flash.extra
+        # The kernel sizes its grid by the longest segment. A compiled layer takes the row width
+        # T instead (no segment outgrows its row; the extra blocks exit at once): the exact
+        # maximum changes from batch to batch and would cost a recompile for every new value.
+        if torch.compiler.is_compiling():
+            max_len = length  # `max_length_q` is not read: no guard on its value either
+        else:
+            max_len = int(max_length_q or length)
+        out = flash.fn(q, k, v, cu, cu, max_len, max_len, **extra)
+        return out.reshape(batch, length, heads, dim), None
+    mask = None
+    if cu_seq_lens_q is not None:
+        mask = _segment_mask(cu_seq_lens_q.to(query.device), batch, length)
+    out = F.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=mask,
+        is_causal=mask is None,
+        scale=scaling,
+        enable_gqa=key.shape[1] != heads,
+    )  # [B, Hq, T, D]
+    return out.transpose(1, 2), None
 
 
 def register_varlen_attention() -> str:
     """Register `hotstep_varlen` with transformers (idempotent); returns its name."""
     from transformers import AttentionInterface
 
+    _flash_setup()
     AttentionInterface.register(VARLEN_ATTENTION, varlen_attention_forward)
     return VARLEN_ATTENTION
 
@@ -226,6 +280,45 @@ def set_layer_checkpointing(layers: Sequence[nn.Module], count: int) -> None:
         layer.gradient_checkpointing = on
         if on:
             layer._gradient_checkpointing_func = recompute
+
+
+# -- torch.compile of the decoder layers ---------------------------------------------------------
+COMPILE_MODES = ("default", "reduce-overhead")
+# Row widths round up to this many tokens when the layers are compiled (`LmEngine.pad_multiple` 0):
+# every new [R, T] is a new graph (dynamic=False), so a 1000-3000-token dataset has at most 32
+# widths instead of one per song; the padding costs < 64 tokens per row (< 4 % of a 1700-token song).
+COMPILE_PAD_MULTIPLE = 64
+# Graphs one code object (`Module._call_impl`, shared by all compiled layers) may hold before
+# dynamo silently runs it eagerly: per row shape, up to three variants (layer 0, whose input
+# needs no grad; checkpointed; plain), times the songs per micro-batch under varlen.
+RECOMPILE_LIMIT = 256
+
+
+def compile_layers(layers: Sequence[nn.Module], mode: str, backend: Any = "inductor") -> None:
+    """`torch.compile` each decoder layer in place with static shapes (Inductor fuses the RMS
+    norms, rotary, SiLU·up and the LoRA adds around the GEMMs). The layers share their graphs.
+    Activation checkpointing stays in the layer (transformers' checkpointing `forward`), so the
+    checkpoint is traced into the graph and the compiled backward recomputes it. `backend` other
+    than inductor (tests): dynamo + that backend, `mode` ignored."""
+    import torch._dynamo as dynamo
+
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile mode must be one of {COMPILE_MODES}, got {mode!r}")
+    dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    dynamo.config.accumulated_recompile_limit = max(
+        dynamo.config.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT
+    )
+    for layer in layers:
+        if backend == "inductor":
+            layer.compile(mode=None if mode == "default" else mode, dynamic=False)
+        else:
+            layer.compile(backend=backend, dynamic=False)
+
+
+def uncompile_layers(layers: Sequence[nn.Module]) -> None:
+    """Back to the eager layers (their compiled code stays in dynamo's cache until a reset)."""
+    for layer in layers:
+        layer._compiled_call_impl = None
 
 
 # -- the training loss ---------------------------------------------------------------------------

@@ -1,0 +1,350 @@
+"""torch.compile of the LM decoder layers: no graph breaks, the eager loss and gradients, the modes.
+
+The GPU runs these graphs through Inductor's Triton code; here the same capture runs on the CPU:
+`torch._dynamo.explain` for graph breaks, Inductor with scalar C++ kernels (`cpp.simdlen` 1, as in
+`test_dit_train.py`) or `aot_eager` (dynamo + AOTAutograd, no code generation) for the numbers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch._dynamo as dynamo
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from hotstep_ray.core.contracts import TrainLmOptions
+from hotstep_ray.core.errors import InputError
+from hotstep_ray.core.storage import Storage
+from hotstep_ray.models.tiny_tree import write_tiny_lm
+from hotstep_ray.training import adapters, lm, lm_data, lm_loss
+from hotstep_ray.training.adapters import AdapterSpec
+
+VOCAB = 96
+CODES_KEY = "tensors/band/v1/lm_codes.jsonl"
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """One thread (2-core box, see test_lm_loss.py) and an empty dynamo cache per test: the
+    compiled layers of one test must not serve, or count against, another's."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    dynamo.reset()
+    dynamo.utils.counters.clear()
+    yield
+    dynamo.reset()
+    torch.set_num_threads(before)
+
+
+def _tiny_qwen3(attention: str = "sdpa", checkpointed: int = 0, layers: int = 2):
+    """A 32-wide Qwen3 with LoRA r4 on q/k/v/o/gate/up/down (B != 0, so every factor gets a
+    gradient), in training mode."""
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        tie_word_embeddings=True,
+    )
+    config._attn_implementation = "sdpa"
+    model = Qwen3ForCausalLM(config).float()
+    targets = adapters.LM_ATTENTION_TARGETS + adapters.MLP_TARGETS
+    adapters.inject(model, AdapterSpec(kind="lora", rank=4, alpha=8, targets=targets))
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for param in adapters.adapter_parameters(model).values():
+            param.copy_(0.1 * torch.randn(param.shape, generator=generator))
+    lm_loss.set_attention(model, attention)
+    lm_loss.set_layer_checkpointing(model.model.layers, checkpointed)
+    return model.train()
+
+
+def _examples(lengths: list[int], seed: int = 1) -> list[lm_data.LmExample]:
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for i, n in enumerate(lengths):
+        ids = torch.randint(0, VOCAB, (n,), generator=generator).tolist()
+        out.append(lm_data.LmExample(f"s{i}", tuple(ids), n // 3, n - 1, 0))
+    return out
+
+
+PACKED = _examples([21, 30])  # two songs in one row: the block-diagonal attention matters
+
+
+def _layer_inputs(model, batch: lm_data.MicroBatch, index: int = 1):
+    """(args, kwargs) that decoder layer `index` receives in the trainer's forward."""
+    seen = {}
+
+    def grab(module, args, kwargs):
+        seen["args"], seen["kwargs"] = args, kwargs
+
+    handle = model.model.layers[index].register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            lm_loss.batch_loss(lm_loss.LmLossModule(model, 16), batch)
+    finally:
+        handle.remove()
+    args = tuple(a.detach().requires_grad_(True) for a in seen["args"])  # as in training
+    return args, seen["kwargs"]
+
+
+@pytest.mark.parametrize("checkpointed", [0, 2], ids=["plain", "checkpointed"])
+@pytest.mark.parametrize("attention", ["sdpa", "varlen", "eager"])
+def test_a_lora_decoder_layer_compiles_to_one_graph(attention, checkpointed):
+    """sdpa is the trainer's default, varlen the packed runs' (its CPU path: one SDPA with the
+    segments' mask), eager the reference. Checkpointing is traced into the graph."""
+    model = _tiny_qwen3(attention, checkpointed)
+    batch = lm_data.collate(PACKED, ((0, 1),), pad_id=0, pad_multiple=64)
+    args, kwargs = _layer_inputs(model, batch)
+    report = dynamo.explain(model.model.layers[1])(*args, **kwargs)
+    reasons = [str(b.reason).splitlines()[0] for b in report.break_reasons]
+    assert report.graph_break_count == 0, reasons
+    assert report.graph_count == 1
+
+
+@torch.library.custom_op("hotstep_test::varlen_attn", mutates_args=())
+def _flash_stand_in(
+    q: torch.Tensor,  # [N, Hq, D]
+    k: torch.Tensor,  # [N, Hkv, D]
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    window_size: list[int],
+    enable_gqa: bool,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """The flash varlen kernel's contract on the CPU, opaque to dynamo like the real op."""
+    assert window_size == [-1, 0] and enable_gqa
+    bounds = cu_q.tolist()
+    assert max_q >= max(b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+    out = torch.empty_like(q)
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        heads = [x[a:b].transpose(0, 1) for x in (q, k, v)]  # [H, L, D]
+        seg = F.scaled_dot_product_attention(*heads, is_causal=True, scale=scale, enable_gqa=True)
+        out[a:b] = seg.transpose(0, 1)
+    return out
+
+
+@_flash_stand_in.register_fake
+def _(q, k, v, cu_q, cu_k, max_q, max_k, window_size, enable_gqa, scale=None):
+    return torch.empty_like(q)
+
+
+def _stand_in(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size, enable_gqa, scale):
+    return _flash_stand_in(q, k, v, cu_q, cu_k, max_q, max_k, list(window_size), enable_gqa, scale)
+
+
+def test_the_flash_varlen_path_compiles_once_for_any_song_boundaries(monkeypatch):
+    """The CUDA branch of the varlen attention (flattening, GQA, kernel arguments) with a CPU
+    stand-in for the kernel: no graph break, the mask path's output, and one graph for batches
+    whose song boundaries and longest song differ but whose shapes do not."""
+    model = _tiny_qwen3("varlen")
+    examples = _examples([21, 30, 12, 40])
+    groups = [((0, 1),), ((2, 3),)]  # widths 51 and 52 -> 64; longest song 30, then 40
+    batches = [lm_data.collate(examples, g, pad_id=0, pad_multiple=64) for g in groups]
+    module = lm_loss.LmLossModule(model, 16)
+    with torch.no_grad():
+        expected = [lm_loss.batch_loss(module, b) for b in batches]  # the mask path
+    flash = lm_loss._FlashVarlen(
+        _stand_in, {"window_size": (-1, 0), "enable_gqa": True}, True, True
+    )
+    monkeypatch.setattr(lm_loss, "_flash_for", lambda query: flash)
+    counter = CompileCounter()
+    lm_loss.compile_layers(model.model.layers, "default", backend=counter)
+    with torch.no_grad():
+        got = [lm_loss.batch_loss(module, b) for b in batches]
+    assert not dynamo.utils.counters["graph_break"]
+    assert counter.frame_count == 1  # both layers, both batches
+    for a, b in zip(got, expected, strict=True):
+        assert a.item() == pytest.approx(b.item(), rel=1e-6)
+
+
+def _loss_and_grads(model, batch: lm_data.MicroBatch):
+    model.zero_grad(set_to_none=True)
+    loss = lm_loss.batch_loss(lm_loss.LmLossModule(model, 16), batch)
+    loss.backward()
+    return loss.item(), {k: p.grad.clone() for k, p in adapters.trainable_parameters(model)}
+
+
+def _assert_same(eager, compiled):
+    assert compiled[0] == pytest.approx(eager[0], rel=1e-5)
+    assert eager[1].keys() == compiled[1].keys()
+    for key, want in eager[1].items():
+        error = ((compiled[1][key] - want).norm() / want.norm()).item()
+        assert error < 1e-4, key  # fused fp32 rounding only
+
+
+def test_inductor_layers_give_the_eager_loss_and_lora_gradients():
+    """The trainer's default attention (sdpa) on two packed songs, layer 0 checkpointed, through
+    Inductor with scalar C++ kernels (~20 s cold on one core, ~7 s from its disk cache): two graphs (layer 0 checkpointed,
+    layer 1 plain). The compiled rows are padded to 64 tokens, the eager ones not at all: the
+    padding changes nothing but the shape."""
+    import torch._inductor.config as inductor_config
+
+    eager = _loss_and_grads(_tiny_qwen3("sdpa", 1), lm_data.collate(PACKED, ((0, 1),), pad_id=0))
+    model = _tiny_qwen3("sdpa", 1)
+    lm_loss.compile_layers(model.model.layers, "default")
+    assert all(layer._compiled_call_impl is not None for layer in model.model.layers)
+    batch = lm_data.collate(PACKED, ((0, 1),), pad_id=0, pad_multiple=lm_loss.COMPILE_PAD_MULTIPLE)
+    assert batch.input_ids.shape == (1, 64)
+    with inductor_config.patch({"cpp.simdlen": 1}):
+        compiled = _loss_and_grads(model, batch)
+    _assert_same(eager, compiled)
+
+
+def test_compiled_varlen_layers_with_checkpointing_give_the_eager_gradients():
+    """varlen on two rows (three songs, one row padded), every layer checkpointed, `aot_eager`:
+    the checkpoint inside the graph recomputes and still gives the eager gradients, and keeps
+    less for the backward than the compiled layers without it."""
+    examples = _examples([21, 30, 40])
+    group = ((0, 1), (2,))
+    eager = _loss_and_grads(
+        _tiny_qwen3("varlen", 2), lm_data.collate(examples, group, pad_id=0, pad_multiple=1)
+    )
+    batch = lm_data.collate(examples, group, pad_id=0, pad_multiple=64)
+    saved = {}
+    for checkpointed in (2, 0):
+        model = _tiny_qwen3("varlen", checkpointed)
+        lm_loss.compile_layers(model.model.layers, "default", backend="aot_eager")
+        compiled = _loss_and_grads(model, batch)  # compiles
+        if checkpointed:
+            _assert_same(eager, compiled)
+        saved[checkpointed] = _saved_bytes(model, batch)
+    assert saved[2] < 0.5 * saved[0]
+
+
+def _saved_bytes(model, batch) -> int:
+    """Bytes of activations the forward keeps for the backward (parameters not counted)."""
+    params = {p.data_ptr() for p in model.parameters()}
+    seen: set[int] = set()
+
+    def pack(tensor):
+        ptr = tensor.data_ptr()
+        if ptr not in params and ptr not in seen:
+            seen.add(ptr)
+            pack.total += tensor.numel() * tensor.element_size()
+        return tensor
+
+    pack.total = 0
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = lm_loss.batch_loss(lm_loss.LmLossModule(model, 16), batch)
+    loss.backward()
+    return pack.total
+
+
+def test_compile_modes_resolve_per_device_and_the_cpu_is_refused():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert lm.compile_mode("auto", cpu) == "off"
+    assert lm.compile_mode("auto", cuda) == "default"
+    assert lm.compile_mode("off", cpu) == "off"
+    assert lm.compile_mode("reduce-overhead", cuda) == "reduce-overhead"
+    for mode in ("default", "reduce-overhead"):
+        with pytest.raises(InputError, match="needs a CUDA device.*use compile off or auto"):
+            lm.compile_mode(mode, cpu)
+    with pytest.raises(InputError, match="expected auto, off, default or reduce-overhead"):
+        lm.compile_mode("max-autotune", cuda)
+    # saved specs from before the modes: compile true/false
+    assert lm.LmEngine(compile=True).compile == "default"
+    assert lm.LmEngine(compile=False).compile == "off"
+    assert lm.LmEngine().compile == "off"
+    # padding: 64-token rows when compiled unless the engine says otherwise
+    assert lm.row_multiple(lm.LmEngine(), compiled=True) == lm_loss.COMPILE_PAD_MULTIPLE == 64
+    assert lm.row_multiple(lm.LmEngine(), compiled=False) == 1
+    assert lm.row_multiple(lm.LmEngine(pad_multiple=128), compiled=True) == 128
+
+
+def test_the_trainer_refuses_compile_on_the_cpu_before_loading_anything(tmp_path):
+    spec = lm.LmTrainSpec(
+        options=TrainLmOptions(lm_size="0.6B", init_adapter=""),
+        lm_dir=str(tmp_path / "no-such-lm"),  # never read: the refusal comes first
+        codes_key=CODES_KEY,
+        artist="band",
+        engine=lm.LmEngine(device="cpu", compile="default"),
+    )
+    with pytest.raises(InputError, match="compile 'default' needs a CUDA device"):
+        lm.setup_lm(spec, Storage(tmp_path / "data"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[Path, Storage]:
+    """The tiny LM (real tokenizer, embeddings scaled up as in test_lm_train.py) and six short
+    songs whose rows pad to different 64-token widths."""
+    root = tmp_path_factory.mktemp("lm-compile")
+    folder = write_tiny_lm(root / "ckpt" / "acestep-5Hz-lm-0.6B")
+    weights = load_file(folder / "model.safetensors")
+    weights["model.embed_tokens.weight"] *= 25
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    storage = Storage(root / "data")
+    songs = lm_data.synthetic_songs(6, [4, 60, 5, 130, 3, 6], seed=5)  # 91-216 tokens
+    lm_data.write_lm_codes(storage.local_path(CODES_KEY), songs)
+    return folder, storage
+
+
+def _run_spec(folder: Path, run: str, compile: str) -> lm.LmTrainSpec:
+    options = TrainLmOptions(
+        lm_size="0.6B", adapter_type="lora", rank=4, alpha=8, optimizer="adamw",
+        learning_rate=1e-3, epochs=2, grad_accum=2, loss_on_cot=False, init_adapter="",
+        target_loss=0, milestone_step=0, holdout_fraction=0.34,
+    )  # fmt: skip
+    return lm.LmTrainSpec(
+        options=options,
+        lm_dir=str(folder),
+        codes_key=CODES_KEY,
+        artist="band",
+        engine=lm.LmEngine(device="cpu", compile=compile, checkpointing="1"),
+        run_key=f"adapters/lm-06b/band/{run}",
+    )
+
+
+@pytest.fixture(scope="module")
+def eager_run(tiny) -> lm.LmRunResult:
+    folder, storage = tiny
+    return lm.run_lm_training(_run_spec(folder, "eager", "off"), storage)
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_a_compiled_training_run_equals_the_eager_run(tiny, eager_run, mode, monkeypatch):
+    """The trainer's compile path end to end on the CPU (the CUDA-only check patched away,
+    `aot_eager` for Inductor): padded 64-token rows, layer 0 checkpointed, two micro-batches per
+    step, the held-out songs evaluated eagerly (no graphs of their own), and the epoch losses of
+    the eager run. reduce-overhead also keeps one `.grad` buffer per adapter parameter for the
+    whole run (`lm.stable_grads`: gradients never live in the CUDA-graph pool)."""
+    folder, storage = tiny
+    counter = CompileCounterWithBackend("aot_eager")
+    compile_layers = lm_loss.compile_layers
+
+    def on_cpu(layers, mode):
+        compile_layers(layers, mode, backend=counter)
+
+    monkeypatch.setattr(lm, "compile_mode", lambda requested, device: requested)
+    monkeypatch.setattr(lm_loss, "compile_layers", on_cpu)
+    setup = lm.setup_lm(_run_spec(folder, mode, mode), storage)
+    assert setup.compile == mode and setup.pad_multiple == 64
+    shapes = {(len(g), lm_data.row_width(setup.examples, g, 64)) for g in setup.groups}
+    assert len(shapes) >= 2 and all(width % 64 == 0 for _, width in shapes)
+    params = [p for _, p in adapters.trainable_parameters(setup.model)]
+    buffers = [p.grad.data_ptr() if p.grad is not None else None for p in params]
+    assert all(buffers) == (mode == "reduce-overhead")
+    state = lm.train_lm(setup)
+    # per shape: layer 0 (checkpointed, input without grad) and layer 1; none for the held out
+    assert counter.frame_count == 2 * len(shapes)
+    eager = eager_run.log
+    compiled = [row["loss"] for row in state.history]
+    assert compiled == pytest.approx([row["loss"] for row in eager["epochs"]], rel=1e-4)
+    held = [row["loss"] for row in state.holdout]
+    assert held == pytest.approx([row["loss"] for row in eager["holdout"]["epochs"]], rel=1e-4)
+    if mode == "reduce-overhead":
+        assert [p.grad.data_ptr() for p in params] == buffers
+    log = lm.train_log(setup, state)
+    assert log["config"]["compile"] == mode and log["config"]["pad_multiple"] == 64
