@@ -1,15 +1,18 @@
 #!/bin/bash
-# The measurements session 2 could not fit in its device time, in priority order (one `run`,
-# carry [".device_wheels"], ~9 min). Each line has its own timeout; JSON lands in $OUT.
+# What session 3 built but could not measure (its device minutes ran out), in priority order.
+# One `run`, carry [".device_wheels"], ~9 min; JSON lands in $OUT. Then, in a second call:
+#   bash bench/device/lm_compile_run.sh   (issue 7: compiled LM layers, ~7 min)
+#   bash bench/device/lm_decode_run.sh    (issue 8: compiled planner decode step, ~4 min)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .device_wheels/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-# issue 12: 4B LM calibration wall clock (a small grid; the report projects the default grid)
-timeout 150 python3 bench/calibrate_bench.py --milestones 2 --scales 0.75,1.0 --seeds 2 --out $OUT/calibrate_4b.json 2>&1 | tail -20
-# issue 5: preprocessing with the fast Oobleck encode vs the old path
-timeout 150 python3 bench/preprocess_bench.py --quick --budget-s 120 --out $OUT/preprocess_fast.json 2>&1 | tail -c 2000
-# issue 6: compiled LoKR (the DiT default adapter), reduce-overhead at batch 2, XL batch 2
-B="python3 bench/dit_bench.py --steps 5 --warmup 2 --time-budget-s 100"
-timeout 110 $B --models 2b --adapters lokr512 --crops 6000 --batches 1,2 --compile default --profile --out $OUT/dit_lokr.json 2>&1 | grep '"step_ms"'
-timeout 110 $B --models 2b --adapters lokr512 --crops 6000 --batches 1,2 --compile default --kron-mix pointwise --profile --out $OUT/dit_lokr_pointwise.json 2>&1 | grep '"step_ms"'
-timeout 110 $B --models 2b --adapters lora64 --crops 6000 --batches 2 --compile reduce-overhead --out $OUT/dit_ro_b2.json 2>&1 | grep '"step_ms"'
+# issue 5: the new defaults (1536-frame windows + short tail, one window per forward, codes calls
+# of two songs) against 384-frame windows; reserved memory per case is now the case's own
+timeout 120 python3 bench/preprocess_bench.py --vae-paths fast-nhwc --vae-chunk 1536,384 --vae-batch-windows 1,4 --iters 2 --budget-s 100 --out $OUT/preprocess_defaults.json 2>&1 | tail -c 400
+# issue 8: 240 s decode reserved memory after returning the warm-up's side-stream cache
+timeout 80 python3 bench/audition_bench.py --sections decode --vae-configs fast-nhwc --decode-seconds 30,240 --repeat 5 --budget-s 60 --out $OUT/audition_decode.json 2>&1 | tail -c 300
+# issue 6: the auto mode (CUDA graphs) for LoKR at batch 2, XL, and batch 3 at 6000 frames
+B="python3 bench/dit_bench.py --steps 5 --warmup 2 --time-budget-s 90"
+timeout 100 $B --models 2b --adapters lokr512,lora64 --crops 6000 --batches 2 --compile reduce-overhead --out $OUT/dit_b2_ro.json 2>&1 | grep '"step_ms"'
+timeout 100 $B --models xl --adapters lora64 --crops 6000 --batches 1,2 --compile reduce-overhead --out $OUT/dit_xl_ro.json 2>&1 | grep '"step_ms"'
+timeout 100 $B --models 2b --adapters lora64 --crops 6000 --batches 3 --compile reduce-overhead --profile --out $OUT/dit_b3_ro.json 2>&1 | grep '"step_ms"'
