@@ -46,7 +46,7 @@ from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog, MetricEvent
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.models.acestep_dit import AceStepModels, load_acestep_dit
-from hotstep_ray.training import adapters, dit_data, dit_loss, dit_vram, export
+from hotstep_ray.training import adapters, compiling, dit_data, dit_loss, dit_vram, export
 from hotstep_ray.training.accumulate import micro_batch_weights
 from hotstep_ray.training.adapters import AdapterSpec
 from hotstep_ray.training.checkpoint import load_checkpoint, model_fingerprint, save_checkpoint
@@ -415,20 +415,10 @@ def prepare(
 
 def compile_mode(requested: str, device: torch.device) -> str:
     """`auto` is `default` on CUDA (H200, 2B LoRA r64, 6000 frames: 529 -> 216 ms per step;
-    `with_graphs` then adds CUDA graphs when nothing is checkpointed) and `off` elsewhere. Compiling is refused off CUDA: Inductor's vectorised C++ kernels for these
-    blocks give the eager loss but wrong adapter gradients (torch 2.13, measured: 40 % median
-    error on the tiny DiT; right with `cpp.simdlen` 1, i.e. scalar), while its CUDA code matches
-    eager (8e-7 in float32; bench/dit_compile_check.py)."""
-    if requested not in ("auto", "off", "default", "reduce-overhead"):
-        raise InputError(f"compile {requested!r}: expected auto, off, default or reduce-overhead")
-    if requested == "auto":
-        return "default" if device.type == "cuda" else "off"
-    if requested != "off" and device.type != "cuda":
-        raise InputError(
-            f"compile {requested!r} needs a CUDA device (Inductor's CPU backend computes wrong "
-            "gradients for the DiT blocks); use compile off on the CPU"
-        )
-    return requested
+    `with_graphs` then adds CUDA graphs when nothing is checkpointed) and `off` elsewhere;
+    compiling is refused off CUDA (`training.compiling`). Compiled CUDA code matches eager (8e-7
+    in float32; bench/dit_compile_check.py)."""
+    return compiling.resolve_mode(requested, device, "the DiT blocks")
 
 
 def with_graphs(requested: str, mode: str, ckpt_layers: int) -> str:
@@ -445,18 +435,9 @@ def with_graphs(requested: str, mode: str, ckpt_layers: int) -> str:
 def compile_blocks(transformer: torch.nn.Module, mode: str, backend: str = "inductor") -> None:
     """torch.compile every transformer block in place (Inductor fuses the norm, modulation,
     LoRA and activation elementwise chains; the blocks share their graphs). One graph per
-    (sliding|full layer, first layer, crop, batch): the cache limit leaves room for a run's
-    shapes so no block silently falls back to eager."""
-    import torch._dynamo as dynamo
-
-    for name in ("cache_size_limit", "recompile_limit"):
-        if hasattr(dynamo.config, name):
-            setattr(dynamo.config, name, max(getattr(dynamo.config, name), 64))
-    for block in transformer.layers:
-        if backend == "inductor":
-            block.compile(mode=None if mode == "default" else mode, dynamic=False)
-        else:  # tests: dynamo + AOTAutograd capture without Inductor's code generation
-            block.compile(backend=backend, dynamic=False)
+    (sliding|full layer, first layer, crop, batch), well within the raised recompile limit.
+    `backend` "aot_eager" (tests): dynamo + AOTAutograd without Inductor's code generation."""
+    compiling.compile_each(transformer.layers, mode, backend)
 
 
 def build_schedule(

@@ -55,7 +55,7 @@ from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog, MetricEvent
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.models import lm_tokenizer
-from hotstep_ray.training import adapters, checkpoint, export, lm_loss, lm_vram
+from hotstep_ray.training import adapters, checkpoint, compiling, export, lm_loss, lm_vram
 from hotstep_ray.training import lm_data as data
 from hotstep_ray.training.adapters import AdapterSpec
 from hotstep_ray.training.optim import build_optimizer
@@ -348,21 +348,9 @@ def _device(engine: LmEngine) -> torch.device:
 
 
 def compile_mode(requested: str, device: torch.device) -> str:
-    """The compile mode of the decoder layers: `auto` is `default` on CUDA and `off` elsewhere.
-    Compiling is refused off CUDA: Inductor's vectorised CPU kernels gave the DiT blocks the eager
-    loss but wrong adapter gradients (torch 2.13, `dit.compile_mode`), and CPU runs are test-size
-    models that compiling cannot speed up."""
-    if requested not in ("auto", "off", *lm_loss.COMPILE_MODES):
-        raise InputError(f"compile {requested!r}: expected auto, off, default or reduce-overhead")
-    if requested == "auto":
-        return "default" if device.type == "cuda" else "off"
-    if requested != "off" and device.type != "cuda":
-        raise InputError(
-            f"compile {requested!r} needs a CUDA device, this run is on {device}: torch.compile "
-            "of the LM layers is GPU-only (Inductor's CPU kernels are not trusted with adapter "
-            "gradients); use compile off or auto on the CPU"
-        )
-    return requested
+    """The compile mode of the decoder layers: `auto` is `default` on CUDA and `off` elsewhere,
+    where compiling is refused (`training.compiling`)."""
+    return compiling.resolve_mode(requested, device, "the LM layers")
 
 
 def row_multiple(engine: LmEngine, compiled: bool) -> int:

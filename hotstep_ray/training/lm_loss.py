@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from hotstep_ray.training import compiling
 from hotstep_ray.training.lm_data import MicroBatch
 
 DEFAULT_CE_CHUNK = 512  # target rows per head chunk: 512 x 217,204 logits = 0.67 GB (bf16 + fp32)
@@ -283,7 +284,7 @@ def set_layer_checkpointing(layers: Sequence[nn.Module], count: int) -> None:
 
 
 # -- torch.compile of the decoder layers ---------------------------------------------------------
-COMPILE_MODES = ("default", "reduce-overhead")
+COMPILE_MODES = compiling.COMPILE_MODES
 # Row widths round up to this many tokens when the layers are compiled (`LmEngine.pad_multiple` 0):
 # every new [R, T] is a new graph (dynamic=False), so a 1000-3000-token dataset has at most 32
 # widths instead of one per song; the padding costs < 64 tokens per row (< 4 % of a 1700-token song).
@@ -300,19 +301,7 @@ def compile_layers(layers: Sequence[nn.Module], mode: str, backend: Any = "induc
     Activation checkpointing stays in the layer (transformers' checkpointing `forward`), so the
     checkpoint is traced into the graph and the compiled backward recomputes it. `backend` other
     than inductor (tests): dynamo + that backend, `mode` ignored."""
-    import torch._dynamo as dynamo
-
-    if mode not in COMPILE_MODES:
-        raise ValueError(f"compile mode must be one of {COMPILE_MODES}, got {mode!r}")
-    dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    dynamo.config.accumulated_recompile_limit = max(
-        dynamo.config.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT
-    )
-    for layer in layers:
-        if backend == "inductor":
-            layer.compile(mode=None if mode == "default" else mode, dynamic=False)
-        else:
-            layer.compile(backend=backend, dynamic=False)
+    compiling.compile_each(layers, mode, backend, RECOMPILE_LIMIT)
 
 
 def uncompile_layers(layers: Sequence[nn.Module]) -> None:
