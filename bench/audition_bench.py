@@ -9,8 +9,10 @@ Sections (each in its own try/except; the JSON is rewritten after every row):
   decode        codes -> WAV bytes for 30 s and 240 s, per tiling/compile config: median/p90,
                 GPU-only time, weights and peak memory
   decode-load   8 and 32 concurrent clients (threads) on one decoder, 30 s clips: p50/p99
-  lm            codes/s for 30 s and 240 s songs (CFG 2.0, metas pinned), per decode engine,
-                base and with a random LoRA r16 adapter (q,k,v,o,gate,up,down)
+  lm            codes/s for 30 s and 240 s songs (CFG 2.0, metas pinned), per decode engine
+                (LM_ENGINES: graph, compiled = Inductor step in our CUDA graph, compiled-max =
+                the same with GEMM autotuning, eager, ...), base and with a random LoRA r16
+                adapter (q,k,v,o,gate,up,down); `warmup_s` includes any compile
   lm-load       8 and 32 concurrent clients on one planner, 30 s songs: p50/p99
 
 VAE configs "old*" are the plain diffusers path (weight norm folded, nothing else); "fast*" the
@@ -18,7 +20,7 @@ VAE configs "old*" are the plain diffusers path (weight norm folded, nothing els
 same weights (the fast path prepares its VAE in place), so old and fast rows compare directly
 and each row records `max_abs_diff_vs_first_config` against the first config's audio.
 
-  device, quick (~4 min; old vs fast decode, then the LM graph engine vs eager on 30 s):
+  device, quick (~5 min; old vs fast decode, then the LM graph/compiled engines vs eager, 30 s):
     python bench/audition_bench.py --quick --budget-s 500 --out $OUT/audition_quick.json
   device, full decode sweep:  --sections decode --vae-configs old,fast,fast-nhwc,fast-t1024,...
   CPU dry:  python bench/audition_bench.py --tiny --device cpu --quick --out /tmp/ab.json
@@ -75,6 +77,15 @@ VAE_CONFIGS: dict[str, dict[str, Any]] = {
 VAE_CONFIGS["default"] = VAE_CONFIGS["old"]
 VAE_CONFIGS["batch2"] = VAE_CONFIGS["old-b2"]
 VAE_CONFIGS["compiled"] = VAE_CONFIGS["old-compiled"]
+# LM decode engines the benches time: name -> (PlannerLM decode_mode, Inductor compile_mode).
+LM_ENGINES: dict[str, tuple[str, str | None]] = {
+    "auto": ("auto", None),
+    "eager": ("eager", None),
+    "static": ("static", None),
+    "graph": ("graph", None),
+    "compiled": ("compiled", None),
+    "compiled-max": ("compiled", "max-autotune-no-cudagraphs"),
+}
 PIN = {"bpm": 120, "keyscale": "C major", "timesignature": "4", "language": "en"}
 CAPTION = "driving synthwave, analog bass, gated drums, airy female vocal"
 LYRICS = "[verse]\nneon on the water, engines in the rain\n[chorus]\nwe ride until the dawn"
@@ -336,7 +347,10 @@ def bench_lm(args, device, dtype, record, lm_parts) -> None:
     lm, tokenizer, size = lm_parts
     adapters = [None, random_lora(lm)] if args.lm_adapter else [None]
     for mode in args.decode_modes:
-        planner = PlannerLM(lm, tokenizer, lm_size=size, decode_mode=mode)
+        decode_mode, compile_mode = LM_ENGINES[mode]
+        planner = PlannerLM(
+            lm, tokenizer, lm_size=size, decode_mode=decode_mode, compile_mode=compile_mode
+        )
         for adapter in adapters:
             for seconds in args.lm_seconds:
                 if mode == "eager" and seconds > args.eager_max_seconds:
@@ -349,13 +363,14 @@ def bench_lm(args, device, dtype, record, lm_parts) -> None:
                     "section": "lm",
                     "lm": size,
                     "decode_mode": mode,
+                    "compile_mode": compile_mode,
                     "adapter": "lora-r16-all-proj" if adapter else "",
                     "seconds": seconds,
                     "codes": int(seconds * 5),
                     "cfg_scale": request.cfg_scale,
                 }
                 start = time.perf_counter()
-                planner.generate(request, adapter)  # warm-up: graph capture, allocator
+                planner.generate(request, adapter)  # warm-up: compile, graph capture, allocator
                 row["warmup_s"] = round(time.perf_counter() - start, 2)
                 _reset_peak(device)
                 ms, rates = [], []
@@ -422,7 +437,10 @@ def bench_lm_load(args, device, dtype, record, lm_parts) -> None:
         record({"section": "lm-load", "skipped": "time budget"})
         return
     lm, tokenizer, size = lm_parts
-    planner = PlannerLM(lm, tokenizer, lm_size=size, decode_mode=args.load_decode_mode)
+    decode_mode, compile_mode = LM_ENGINES[args.load_decode_mode]
+    planner = PlannerLM(
+        lm, tokenizer, lm_size=size, decode_mode=decode_mode, compile_mode=compile_mode
+    )
     planner.generate(_lm_request(args.load_seconds, seed=0))
 
     def one(i: int) -> float:
@@ -460,7 +478,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--lm-size", default="1.7B")
-    parser.add_argument("--decode-modes", default="graph,eager")
+    parser.add_argument("--decode-modes", default="graph,compiled,eager", help="LM_ENGINES names")
     parser.add_argument("--eager-max-seconds", type=float, default=30.0, help="longer: skipped")
     parser.add_argument("--lm-adapter", action="store_true", help="also time a random LoRA")
     parser.add_argument("--no-check-eager", dest="check_eager", action="store_false")
@@ -469,7 +487,7 @@ def main() -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="old vs fast decode (30/240 s, 5 repeats) and the LM graph vs eager on 30 s",
+        help="old vs fast decode (30/240 s, 5 repeats) and the LM engines on 30 s",
     )
     parser.add_argument("--lm-seconds", default="30,240")
     parser.add_argument("--lm-repeat", type=int, default=3)
@@ -496,8 +514,9 @@ def main() -> int:
     args.decode_modes = [m for m in args.decode_modes.split(",") if m]
     args.clients = [int(c) for c in args.clients.split(",")]
     unknown = set(args.sections) - set(SECTIONS) or set(args.vae_configs) - set(VAE_CONFIGS)
+    unknown = unknown or set(args.decode_modes + [args.load_decode_mode]) - set(LM_ENGINES)
     if unknown:
-        parser.error(f"unknown section/config {sorted(unknown)}")
+        parser.error(f"unknown section/config/decode mode {sorted(unknown)}")
     device, dtype = resolve_device_dtype(args.device, args.dtype)
     if args.tiny:
         import tempfile

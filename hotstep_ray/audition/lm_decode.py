@@ -1,4 +1,4 @@
-"""Token-by-token decoding of the 5 Hz LM: CFG rows, sampling, and three step engines.
+"""Token-by-token decoding of the 5 Hz LM: CFG rows, sampling, and four step engines.
 
 A `Stepper` runs a Qwen3ForCausalLM over 1 row (no CFG) or 2 rows ([cond, uncond]) and returns
 the last hidden state [B, H]; logits are taken only over the vocabulary slice a phase may emit
@@ -11,21 +11,29 @@ Engines:
 - "static": StaticCache of fixed length and a 4-D bool mask we keep ourselves (any device).
 - "graph": "static" with the decode step captured once in a CUDA graph and replayed (CUDA only;
   falls back to "static" when capture fails). Kernel launches, not FLOPs, bound batch-2 decode.
+- "compiled": "graph" over the step compiled by Inductor first (`torch.compile`, static shapes,
+  one graph, no Inductor CUDA graphs: we capture our own), which fuses the norms, RoPE, SiLU-mul,
+  residual adds, casts and cache writes that eager runs as separate kernels (CUDA only; falls
+  back to "graph", then "static", when compiling or capturing fails; off CUDA it is "static").
 - "auto": "graph" on CUDA, "eager" elsewhere (`resolve_mode`).
 
 Graph safety: every input of a step lives in a static buffer written in place (ids, positions,
 the 4-D mask) and the StaticCache advances its write slot with a device-side counter, so one
-captured step replays correctly at every position.
+captured step replays correctly at every position. A compiled step takes those buffers as its
+inputs and mutates the cache and its counters in place, so the same holds for its capture.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache, StaticCache
+from transformers import AttentionInterface, DynamicCache, StaticCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from hotstep_ray.models.lm_tokenizer import PAD_ID
 
@@ -35,17 +43,29 @@ log = logging.getLogger(__name__)
 STATIC_BUCKETS = (1024, 2048, 4096, 8192, 16384)
 
 
-MODES = ("auto", "eager", "static", "graph")
+MODES = ("auto", "eager", "static", "graph", "compiled")
+CAPTURED = ("graph", "compiled")  # the engines that replay a captured step
+# Tests only: a torch.compile backend (a name such as "inductor" or "aot_eager", or a callable)
+# that keeps "compiled" off CUDA, its compiled step then running uncaptured. "" (the policy):
+# "compiled" needs CUDA and resolves to "static" elsewhere.
+_compile_off_cuda_for_tests = ""
+# The recompile budget of the compiled step's code (shared by every stepper: one entry per row
+# count, cache bucket, adapter structure and LoRA scale). Past it torch.compile would silently
+# run the step uncompiled; we make that an error, so the stepper falls back to "graph" loudly.
+COMPILE_RECOMPILE_LIMIT = 64
 
 
 def resolve_mode(mode: str, device: torch.device | str) -> str:
-    """`auto` -> graph on CUDA, eager elsewhere; graph off CUDA -> static; others as given."""
+    """`auto` -> graph on CUDA, eager elsewhere; graph and compiled off CUDA -> static; others
+    as given."""
     if mode not in MODES:
         raise ValueError(f"decode mode {mode!r}: expected one of {', '.join(MODES)}")
     cuda = torch.device(device).type == "cuda"
     if mode == "auto":
         return "graph" if cuda else "eager"
-    if mode == "graph" and not cuda:
+    if mode == "compiled" and not cuda and _compile_off_cuda_for_tests:
+        return mode
+    if mode in CAPTURED and not cuda:
         return "static"
     return mode
 
@@ -122,6 +142,61 @@ def head_slice(lm: torch.nn.Module, start: int, stop: int):
     return lambda h: head(h)[:, start:stop]
 
 
+# Attention of the compiled step. transformers' sdpa groups a single query token's heads under
+# their key/value head (GQA without copies) only outside torch.compile; traced, it repeats the
+# keys and values over the whole static cache at every layer and step. This is that sdpa with the
+# grouping kept under compile: the same operations the uncompiled decode step runs.
+DECODE_ATTENTION = "hotstep_decode_sdpa"
+
+
+def decode_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """One query token, a mask shared by the heads, no dropout or position bias: SDPA over the
+    query heads grouped as [B, kv heads, group, D] against the cache's [B, kv heads, M, D].
+    Anything else: transformers' sdpa as is."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    if (
+        query.shape[2] != 1
+        or groups == 1
+        or attention_mask is None
+        or attention_mask.shape[1] != 1
+        or dropout
+        or kwargs.get("position_bias") is not None
+    ):
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    batch, heads, _, dim = query.shape
+    grouped = query.reshape(batch, heads // groups, groups, dim)  # [B, kv heads, group, D]
+    out = F.scaled_dot_product_attention(
+        grouped, key, value, attn_mask=attention_mask, scale=scaling
+    )
+    return out.reshape(batch, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(DECODE_ATTENTION, decode_sdpa)
+
+
+@contextmanager
+def _decode_attention(config) -> Iterator[None]:
+    """`decode_sdpa` for the duration (an sdpa model only; any other is left alone)."""
+    before = config._attn_implementation
+    if before != "sdpa":
+        yield
+        return
+    config._attn_implementation = DECODE_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
+def _compile_guard():
+    """torch.compile settings of the step's calls (warm-up, capture): see COMPILE_RECOMPILE_LIMIT."""
+    settings = {"recompile_limit": COMPILE_RECOMPILE_LIMIT, "fail_on_recompile_limit_hit": True}
+    config = torch._dynamo.config
+    return config.patch(**{k: v for k, v in settings.items() if hasattr(config, k)})
+
+
 def _left_pad(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """ids [B, L] left-padded with PAD_ID, valid [B, L] bool."""
     width = max(len(r) for r in rows)
@@ -136,13 +211,22 @@ def _left_pad(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor
 class Stepper:
     """One LM over fixed-count rows; `start` prefills prompts, `step` feeds one shared token."""
 
-    def __init__(self, lm: torch.nn.Module, mode: str = "eager", max_len: int = 0) -> None:
-        """`max_len`: the static cache length (static/graph; 0 = the bucket of the first
-        request). A static stepper serves requests up to that length only."""
+    def __init__(
+        self,
+        lm: torch.nn.Module,
+        mode: str = "eager",
+        max_len: int = 0,
+        compile_mode: str | None = None,
+    ) -> None:
+        """`max_len`: the static cache length (static/graph/compiled; 0 = the bucket of the first
+        request). A static stepper serves requests up to that length only. `compile_mode`: the
+        Inductor mode of "compiled" (None = default; "max-autotune-no-cudagraphs" tunes GEMMs)."""
         self.device = next(lm.parameters()).device
         self.lm, self.mode, self.max_len = lm, resolve_mode(mode, self.device), max_len
+        self.compile_mode = compile_mode
         self._graph: torch.cuda.CUDAGraph | None = None
-        self._graph_rows = 0
+        self._compiled = None  # the torch.compile'd step ("compiled", once prepared)
+        self._ready = False  # graph/compiled: step prepared (captured, or fallen back)
 
     # -- eager ------------------------------------------------------------------------------
     def _forward(self, ids, mask, positions, cache) -> torch.Tensor:
@@ -198,13 +282,39 @@ class Stepper:
         self.step_ids = torch.zeros(batch, 1, dtype=torch.long, device=self.device)
         self.step_pos = torch.zeros(batch, 1, dtype=torch.long, device=self.device)
         self.step_out: torch.Tensor | None = None
-        self._graph = None
+        self._graph, self._compiled, self._ready = None, None, False
 
     def _masks(self, mask: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"full_attention": mask, "sliding_attention": mask}
 
     def _static_step(self) -> torch.Tensor:
+        """One step from the static buffers: through the compiled step once there is one."""
+        if self._compiled is not None:
+            with _decode_attention(self.lm.config), _compile_guard():
+                return self._compiled(self.step_ids, self.step_mask, self.step_pos)
         return self._forward(self.step_ids, self._masks(self.step_mask), self.step_pos, self.cache)
+
+    def _compile(self) -> None:
+        """The compiled step: static shapes, one graph, the static buffers as its inputs (so a
+        capture reads them where `step` writes them); the cache's tensors are reached through
+        the closure and mutated in place. Compiles lazily, at the first call."""
+        model, cache, masks = self.lm.model, self.cache, self._masks
+
+        def decode_step(ids, mask, positions):
+            out = model(
+                input_ids=ids,
+                attention_mask=masks(mask),
+                position_ids=positions,
+                cache=cache,
+                use_cache=True,
+            )
+            return out.last_hidden_state[:, -1]
+
+        backend = "inductor" if self.device.type == "cuda" else _compile_off_cuda_for_tests
+        options = {"mode": self.compile_mode} if backend == "inductor" else {}
+        self._compiled = torch.compile(
+            decode_step, backend=backend, dynamic=False, fullgraph=True, **options
+        )
 
     @torch.no_grad()
     def step(self, token: torch.Tensor) -> torch.Tensor:
@@ -223,37 +333,70 @@ class Stepper:
         self.step_mask[:, :, :, self.slot] = True
         self.slot += 1
         self.next_pos = self.next_pos + 1
-        if self.mode == "graph":
+        if self.mode in CAPTURED:
             return self._replay()
         return self._static_step()
 
     def _replay(self) -> torch.Tensor:
-        if self._graph is None:
-            # Warm-up runs advance every layer's write counter: rewind them afterwards (and on
-            # failure), so the slots they wrote are simply overwritten by the real steps.
-            counters = [layer.cumulative_length for layer in self.cache.layers]
-            before = [c.clone() for c in counters]
-            try:
-                self._capture()
-            except Exception as exc:  # capture is an optimisation: fall back, never fail
-                log.warning("CUDA graph capture failed (%s); decoding without graphs", exc)
-                self.mode, self._graph = "static", None
-            finally:
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
-                for counter, value in zip(counters, before, strict=True):
-                    counter.copy_(value)
-            if self._graph is None:
-                return self._static_step()
+        if not self._ready:
+            self._prepare()
+        if self._graph is None:  # fallen back, or compiled off CUDA (tests): run uncaptured
+            return self._static_step()
         self._graph.replay()
         return self.step_out
+
+    def _prepare(self) -> None:
+        """Compile ("compiled") and capture, falling back compiled -> graph -> static with a
+        warning: both are optimisations, never a reason to fail a request. Warm-up runs advance
+        every layer's write counter: they are rewound after each attempt, so the slots the
+        warm-up wrote are simply overwritten by the real steps."""
+        counters = [layer.cumulative_length for layer in self.cache.layers]
+        before = [c.clone() for c in counters]
+
+        def rewind() -> None:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            for counter, value in zip(counters, before, strict=True):
+                counter.copy_(value)
+
+        try:
+            if self.mode == "compiled":
+                try:
+                    self._compile()
+                    if self.device.type == "cuda":
+                        self._capture()
+                    else:  # tests: compile (the warm-up) without a CUDA graph to capture
+                        self._warm_up()
+                    return
+                except Exception as exc:
+                    fallback = "graph" if self.device.type == "cuda" else "static"
+                    log.warning(
+                        "compiled LM decode step failed to compile or capture (%s); decoding "
+                        "with %s",
+                        exc,
+                        fallback,
+                    )
+                    self.mode, self._compiled, self._graph = fallback, None, None
+                    rewind()
+            if self.mode == "graph":
+                try:
+                    self._capture()
+                except Exception as exc:
+                    log.warning("CUDA graph capture failed (%s); decoding without graphs", exc)
+                    self.mode, self._graph = "static", None
+        finally:
+            self._ready = True
+            rewind()
+
+    def _warm_up(self) -> None:
+        for _ in range(2):
+            self._static_step()
 
     def _capture(self) -> None:
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._static_step()
+            self._warm_up()  # also compiles a compiled step: compiling cannot be captured
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):

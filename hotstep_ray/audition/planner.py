@@ -103,7 +103,8 @@ class LoadedLm:
     trigger: TriggerInfo | None = None
     steppers: dict[tuple[int, int], Stepper] = field(default_factory=dict)
     # The adapter scale the steppers were built at: a captured CUDA graph bakes peft's α/r·scale
-    # into its kernels, so a step engine built at one scale must not serve another.
+    # into its kernels (a compiled step into its code), so an engine built at one scale must not
+    # serve another.
     scale: float = 1.0
 
 
@@ -147,12 +148,15 @@ class PlannerLM:
         storage: Storage | None = None,
         decode_mode: str = "auto",
         max_adapters: int = 4,
+        compile_mode: str | None = None,
     ) -> None:
-        """`decode_mode`: auto (CUDA graphs on CUDA, eager on the CPU), eager, static, graph."""
+        """`decode_mode`: auto (CUDA graphs on CUDA, eager on the CPU), eager, static, graph,
+        compiled (Inductor step in a CUDA graph; `compile_mode` is its Inductor mode)."""
         self.base = LoadedLm(name="", model=lm.eval().requires_grad_(False))
         self.tokenizer, self.lm_size, self.storage = tokenizer, lm_size, storage
         self.device = next(lm.parameters()).device
         self.decode_mode, self.max_adapters = resolve_mode(decode_mode, self.device), max_adapters
+        self.compile_mode = compile_mode
         self._adapters = AdapterCache(self.load_adapter, max_adapters)
         self._lock = threading.RLock()
 
@@ -210,7 +214,9 @@ class PlannerLM:
             size = static_bucket(max(len(r) for r in prompts_ids) + new + 1)
         key = (len(prompts_ids), size)
         if key not in loaded.steppers:
-            loaded.steppers[key] = Stepper(loaded.model, self.decode_mode, max_len=size)
+            loaded.steppers[key] = Stepper(
+                loaded.model, self.decode_mode, max_len=size, compile_mode=self.compile_mode
+            )
         return loaded.steppers[key]
 
     def _ids(self, text: str) -> list[int]:

@@ -47,6 +47,8 @@ def test_resolve_mode_defaults_to_graphs_on_cuda_only():
     assert resolve_mode("auto", "cuda") == "graph"
     assert resolve_mode("auto", "cpu") == "eager"
     assert resolve_mode("graph", "cpu") == "static"  # no CUDA graphs off the GPU
+    assert resolve_mode("compiled", "cuda") == "compiled"
+    assert resolve_mode("compiled", "cpu") == "static"  # compiled = compiled step + CUDA graph
     assert resolve_mode("static", "cpu") == "static"
     with pytest.raises(ValueError, match="decode mode"):
         resolve_mode("turbo", "cpu")
