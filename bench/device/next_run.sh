@@ -2,7 +2,7 @@
 # What session 3 built but could not measure (its device minutes ran out), in priority order.
 # One `run`, carry [".device_wheels"], ~9 min; JSON lands in $OUT. Then, in a second call:
 #   bash bench/device/lm_compile_run.sh   (issue 7: compiled LM layers, ~7 min)
-#   bash bench/device/lm_decode_run.sh    (issue 8: compiled planner decode step, ~4 min)
+#   bash bench/device/lm_decode_run.sh    (issue 8: compiled planner decode step, <= 9.5 min)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .device_wheels/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
