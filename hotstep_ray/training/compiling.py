@@ -9,6 +9,7 @@ is compiled on its own with static shapes; identical modules share their graphs.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -61,3 +62,24 @@ def compile_each(
             module.compile(mode=None if mode == "default" else mode, dynamic=False)
         else:
             module.compile(backend=backend, dynamic=False)
+
+
+def stable_grads(params: Iterable[torch.Tensor]) -> None:
+    """Zeroed `.grad` buffers allocated outside any CUDA graph, for reduce-overhead. Otherwise a
+    parameter's first gradient of a step is the compiled backward's output itself, memory of the
+    CUDA-graph pool that the next micro-batch's replay overwrites (each micro-batch of a
+    gradient-accumulation window replays the graphs again). With a buffer in place the backward
+    adds into it; steps then zero the buffers (`zero_grad(set_to_none=False)`) instead of
+    dropping them. LoRA r16 on the 4B LM: 33 M fp32 = 126 MiB; LoRA r64 on the 2B DiT: 327 MiB."""
+    for param in params:
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+
+
+def eager(mode: str) -> contextlib.AbstractContextManager:
+    """Compiled modules run eagerly inside (`mode` "off": nothing to do). For the per-epoch
+    held-out losses: a few no-grad passes at shapes of their own (shorter songs, other batch
+    sizes), each of which would otherwise compile, and with CUDA graphs capture, a graph."""
+    if mode == "off":
+        return contextlib.nullcontext()
+    return torch.compiler.set_stance("force_eager")

@@ -614,13 +614,18 @@ def optimizer_step(run: DitRun, window: list[tuple[int, ...]]) -> StepResult:
     """One optimizer step over `grad_accum` micro-batches (see the module docstring)."""
     started = time.perf_counter()
     step, rank = run.state.step, run.settings.rank
-    if run.compile == "reduce-overhead":  # a new step: CUDA-graph outputs of the last may be reused
+    # CUDA graphs: a new step (the last step's graph outputs are dead), and gradients that live
+    # in buffers of their own across the micro-batches (`compiling.stable_grads`).
+    graphs = run.compile == "reduce-overhead"
+    if graphs:
         torch.compiler.cudagraph_mark_step_begin()
     if run.settings.lora_dropout > 0:  # peft's dropout draws from the global RNG
         torch.manual_seed(dit_data.derived_seed(run.options.seed, "dropout", step, rank))
     draws = draw_window(run, window, step)
     params = run.params
-    run.optimizer.zero_grad(set_to_none=True)
+    if graphs:
+        compiling.stable_grads(params)
+    run.optimizer.zero_grad(set_to_none=not graphs)
     shares = micro_batch_weights([len(mb) for mb in window])
     loss_sum = torch.zeros((), device=run.device)
     raw_sum = torch.zeros((), device=run.device)
@@ -649,7 +654,7 @@ def optimizer_step(run: DitRun, window: list[tuple[int, ...]]) -> StepResult:
         run.schedule.apply(run.optimizer, step)
         run.optimizer.step()
         run.state.step += 1
-    run.optimizer.zero_grad(set_to_none=True)
+    run.optimizer.zero_grad(set_to_none=not graphs)
     ms = (time.perf_counter() - started) * 1000
     samples = sum(len(micro_batch) for micro_batch in window)
     return StepResult(loss, raw, grad_norm, factor, samples, frames, ms, finite)
@@ -806,7 +811,8 @@ def end_epoch(run: DitRun) -> None:
     if run.holdout is not None:
         from hotstep_ray.calibration.holdout import dit_epoch_end
 
-        dit_epoch_end(run)
+        with compiling.eager(run.compile):
+            dit_epoch_end(run)
     if run.is_main:
         _milestone(run, state.epoch, ma5)
         improved = math.isfinite(ma5) and ma5 < state.best_ma5

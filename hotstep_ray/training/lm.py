@@ -549,7 +549,7 @@ def setup_lm(
     if mode != "off":  # after the switches above: the graphs are traced with them
         lm_loss.compile_layers(model.model.layers, mode)
     if mode == "reduce-overhead":
-        stable_grads([p for _, p in adapters.trainable_parameters(model)])
+        compiling.stable_grads([p for _, p in adapters.trainable_parameters(model)])
     model.train()
     module: nn.Module = lm_loss.LmLossModule(model, engine.ce_chunk)
     if world > 1:
@@ -715,7 +715,7 @@ def run_epoch(setup: LmSetup, state: LmTrainState, epoch: int) -> dict[str, Any]
     songs = 0
     norms: list[torch.Tensor] = []
     factor = 0.0
-    keep_grads = setup.compile == "reduce-overhead"  # see `stable_grads`
+    keep_grads = setup.compile == "reduce-overhead"  # see `compiling.stable_grads`
     for window in _windows(mine, options.grad_accum):
         if setup.compile == "reduce-overhead":  # a new step: the last step's graph outputs are dead
             torch.compiler.cudagraph_mark_step_begin()
@@ -837,7 +837,7 @@ def train_lm(
         epoch = state.epoch + 1
         end_epoch(setup, state, run_epoch(setup, state, epoch))
         if evaluator is not None:
-            with _eager(setup):
+            with compiling.eager(setup.compile):
                 loss = evaluator(epoch, setup.model)
             state.holdout.append({"epoch": epoch, "loss": loss})
         if on_epoch is not None:
@@ -845,25 +845,6 @@ def train_lm(
         if stop_after_epoch and epoch >= stop_after_epoch and not state.finished:
             break
     return state
-
-
-def stable_grads(params: Iterator[torch.Tensor] | list[torch.Tensor]) -> None:
-    """Zeroed `.grad` buffers allocated outside any CUDA graph, for reduce-overhead. Otherwise a
-    parameter's first gradient of a step is the compiled backward's output itself, memory of the
-    CUDA-graph pool that the next micro-batch's replay overwrites (the next micro-batch of a
-    window starts a new graph generation). With a buffer in place the backward adds into it; the
-    steps then zero the buffers instead of dropping them. LoRA r16 on the 4B: 33 M fp32, 126 MiB."""
-    for param in params:
-        if param.grad is None:
-            param.grad = torch.zeros_like(param)
-
-
-def _eager(setup: LmSetup) -> contextlib.AbstractContextManager:
-    """Compiled layers run eagerly inside: the held-out songs are a few unpadded no-grad passes
-    per epoch, each of which would otherwise compile a graph of its own."""
-    if setup.compile == "off":
-        return contextlib.nullcontext()
-    return torch.compiler.set_stance("force_eager")
 
 
 def holdout_evaluator(setup: LmSetup, state: LmTrainState) -> Any:

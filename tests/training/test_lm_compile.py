@@ -319,7 +319,7 @@ def test_a_compiled_training_run_equals_the_eager_run(tiny, eager_run, mode, mon
     `aot_eager` for Inductor): padded 64-token rows, layer 0 checkpointed, two micro-batches per
     step, the held-out songs evaluated eagerly (no graphs of their own), and the epoch losses of
     the eager run. reduce-overhead also keeps one `.grad` buffer per adapter parameter for the
-    whole run (`lm.stable_grads`: gradients never live in the CUDA-graph pool)."""
+    whole run (`compiling.stable_grads`: gradients never live in the CUDA-graph pool)."""
     folder, storage = tiny
     counter = CompileCounterWithBackend("aot_eager")
     compile_layers = lm_loss.compile_layers
