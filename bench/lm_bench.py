@@ -89,42 +89,34 @@ CONFIGS: dict[str, tuple[str, int, str, str, str, str]] = {
 COMPILE_CHOICES = ("config", "off", "default", "reduce-overhead")
 
 
+def qwen3_config(shape: tuple[int, int, int, int], kv_heads: int, head_dim: int) -> dict:
+    """A Qwen3 config dict: (hidden, layers, heads, intermediate), the code vocabulary."""
+    hidden, layers, heads, inter = shape
+    return {
+        "model_type": "qwen3",
+        "vocab_size": VOCAB,
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "tie_word_embeddings": True,
+        "use_cache": False,
+    }
+
+
 def lm_config(size: str) -> dict[str, Any]:
     if size == "tiny":
-        hidden, layers, heads, inter = TINY
-        return {
-            "model_type": "qwen3",
-            "vocab_size": VOCAB,
-            "hidden_size": hidden,
-            "intermediate_size": inter,
-            "num_hidden_layers": layers,
-            "num_attention_heads": heads,
-            "num_key_value_heads": 2,
-            "head_dim": hidden // heads,
-            "tie_word_embeddings": True,
-            "use_cache": False,
-        }
+        return qwen3_config(TINY, kv_heads=2, head_dim=TINY[0] // TINY[2])
     try:
         from hotstep_ray.models.full_configs import LM_CONFIGS
 
         return dict(LM_CONFIGS[size])
     except Exception:  # full_configs imports diffusers, which the GPU machine may lack
-        hidden, layers, heads, inter = SHAPES[size]
-        return {
-            "model_type": "qwen3",
-            "vocab_size": VOCAB,
-            "hidden_size": hidden,
-            "intermediate_size": inter,
-            "num_hidden_layers": layers,
-            "num_attention_heads": heads,
-            "num_key_value_heads": 8,
-            "head_dim": 128,
-            "rms_norm_eps": 1e-6,
-            "rope_theta": 1000000,
-            "max_position_embeddings": 40960,
-            "tie_word_embeddings": True,
-            "use_cache": False,
-        }
+        config = qwen3_config(SHAPES[size], kv_heads=8, head_dim=128)
+        config.update(rms_norm_eps=1e-6, rope_theta=1000000, max_position_embeddings=40960)
+        return config
 
 
 def build_model(size: str, device: torch.device) -> Qwen3ForCausalLM:
