@@ -15,6 +15,13 @@ scoring + bake time, the projected wall clock of the default grid at the measure
 each) instead of in this process; then `generate_s` includes starting the actors and building
 their models.
 
+`--max-batch N` (default `LmCalibrationConfig`'s, 4): the worker decodes N requests of an item
+together (`PlannerLM.generate_batch`, 2N CFG rows); 1 = one request at a time, the old path.
+Batched vs sequential on the GPU (the same grid; compare `codes_per_s_overall`):
+
+  python bench/calibrate_bench.py --max-batch 4 --codes 900 --out $OUT/calibrate_bench_b4.json
+  python bench/calibrate_bench.py --max-batch 1 --codes 900 --out $OUT/calibrate_bench_b1.json
+
   device:   python bench/calibrate_bench.py --out $OUT/calibrate_bench.json
             python bench/calibrate_bench.py --actors 4 --out $OUT/calibrate_bench_ray4.json
   CPU dry:  python bench/calibrate_bench.py --tiny --device cpu --out /tmp/calibrate_bench.json
@@ -43,6 +50,7 @@ import torch  # noqa: E402
 from hotstep_ray.audition.planner import PlannerLM, shared_copy  # noqa: E402
 from hotstep_ray.audition.schemas import LmSampling  # noqa: E402
 from hotstep_ray.calibration.lm_calibrate import (  # noqa: E402
+    DEFAULT_MAX_BATCH,
     LmCalibrationConfig,
     LmWorker,
     calibrate_lm,
@@ -69,6 +77,7 @@ class RandomLmWorker:
     device: str
     tiny_dir: str = ""
     decode_mode: str = "auto"
+    max_batch: int = DEFAULT_MAX_BATCH
 
     def build(self) -> tuple[torch.nn.Module, Any]:
         from hotstep_ray.models.lm_tokenizer import build_lm_tokenizer
@@ -86,7 +95,7 @@ class RandomLmWorker:
     def __call__(self) -> LmWorker:
         lm, tokenizer = self.build()
         planner = PlannerLM(lm, tokenizer, lm_size=self.lm_size, decode_mode=self.decode_mode)
-        return LmWorker(planner, Storage(self.data))
+        return LmWorker(planner, Storage(self.data), max_batch=self.max_batch)
 
 
 def write_run(lm: torch.nn.Module, storage: Storage, run: str, args: argparse.Namespace) -> None:
@@ -129,6 +138,12 @@ def main() -> int:
     parser.add_argument("--songs", type=int, default=16)
     parser.add_argument("--song-codes", type=int, default=900)
     parser.add_argument("--actors", type=int, default=1, help="> 1: Ray actors sharing the GPU")
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=DEFAULT_MAX_BATCH,
+        help="requests of an item decoded together (1 = one at a time)",
+    )
     parser.add_argument("--tiny", action="store_true", help="tiny 0.6B LM (CPU dry run)")
     args = parser.parse_args()
     out = Path(args.out)
@@ -169,7 +184,9 @@ def run_bench(args: argparse.Namespace, report: dict[str, Any], flush) -> None:
         torch.set_num_threads(1)
     folder = {"0.6B": "lm-06b", "1.7B": "lm-17b", "4B": "lm-4b"}[args.lm_size]
     run = RUN.format(folder=folder)
-    factory = RandomLmWorker(args.lm_size, storage.url, args.device, tiny_dir, args.decode_mode)
+    factory = RandomLmWorker(
+        args.lm_size, storage.url, args.device, tiny_dir, args.decode_mode, args.max_batch
+    )
 
     start = time.perf_counter()
     worker = factory()
@@ -199,6 +216,7 @@ def run_bench(args: argparse.Namespace, report: dict[str, Any], flush) -> None:
         duration_s=args.codes / 5,
         sampling=LmSampling(cfg_scale=args.cfg_scale),
         include_final=False,
+        max_batch=args.max_batch,
     )
     finished: list[float] = []
     events = EventLog(
@@ -233,6 +251,7 @@ def run_bench(args: argparse.Namespace, report: dict[str, Any], flush) -> None:
         "generations": len(rows) * args.seeds,
         "codes_per_generation": args.codes,
         "actors": args.actors,
+        "max_batch": args.max_batch,
         "build_model_s": round(build_s, 2),
         "write_run_s": round(write_s, 2),
         "adapter_load_ms": round(adapter_ms, 1),

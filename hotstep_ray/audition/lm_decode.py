@@ -6,6 +6,11 @@ the last hidden state [B, H]; logits are taken only over the vocabulary slice a 
 in full. Both rows always receive the same sampled token (LM CFG as upstream: the uncond branch
 follows the cond branch's choices).
 
+Batched requests (`PlannerLM.generate_batch`): N requests decode together over 2N rows
+[cond_1..cond_N, uncond_1..uncond_N] (N without CFG). `step` then takes one token per row ([B]),
+pair i's two rows both receiving request i's token; `combine_cfg_pairs` mixes pair i's logits
+from rows (i, N + i). A 0-d token is still fed to every row.
+
 Engines:
 - "eager": transformers DynamicCache, 2-D padding mask (the reference; any device).
 - "static": StaticCache of fixed length and a 4-D bool mask we keep ourselves (any device).
@@ -97,6 +102,18 @@ def combine_cfg(logits: torch.Tensor, cfg_scale: float) -> torch.Tensor:
     if logits.shape[0] == 1:
         return logits[0]
     cond, uncond = logits[0], logits[1]
+    return uncond + cfg_scale * (cond - uncond)
+
+
+def combine_cfg_pairs(logits: torch.Tensor, pairs: int, cfg_scale: float) -> torch.Tensor:
+    """[B, V] -> [pairs, V] over batched rows [cond_1..cond_N, uncond_1..uncond_N] (B = 2N) or
+    [cond_1..cond_N] (B = N, no CFG): row i of the result is `combine_cfg` of rows (i, N + i),
+    the same element-wise operations (so one pair gives `combine_cfg`'s values exactly)."""
+    if logits.shape[0] == pairs:
+        return logits
+    if logits.shape[0] != 2 * pairs:
+        raise ValueError(f"{logits.shape[0]} rows are neither {pairs} nor {2 * pairs}")
+    cond, uncond = logits[:pairs], logits[pairs:]
     return uncond + cfg_scale * (cond - uncond)
 
 
@@ -208,8 +225,18 @@ def _left_pad(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor
     return ids.to(device), valid.to(device)
 
 
+def _row_ids(token: torch.Tensor, batch: int) -> torch.Tensor:
+    """[B, 1] step ids: a 0-d token for every row, or a [B] tensor of one token per row."""
+    if token.dim() == 0:
+        return token.view(1, 1).expand(batch, 1)
+    if token.shape != (batch,):
+        raise ValueError(f"step token of shape {tuple(token.shape)}: expected [] or [{batch}]")
+    return token.view(batch, 1)
+
+
 class Stepper:
-    """One LM over fixed-count rows; `start` prefills prompts, `step` feeds one shared token."""
+    """One LM over fixed-count rows; `start` prefills prompts, `step` feeds one token to every
+    row (0-d) or one per row ([B])."""
 
     def __init__(
         self,
@@ -318,17 +345,19 @@ class Stepper:
 
     @torch.no_grad()
     def step(self, token: torch.Tensor) -> torch.Tensor:
-        """Feed `token` ([] long, on device) to every row; returns h [B, H]."""
+        """Feed `token` (long, on device) to the rows: [] to every row, or [B] one per row;
+        returns h [B, H]. The static engines copy it into their `step_ids` buffer in place, so a
+        captured step replays whichever form was fed (the buffer is [B, 1] either way)."""
         batch = self.next_pos.shape[0]
+        ids = _row_ids(token, batch)
         if self.mode == "eager":
-            ids = token.view(1, 1).expand(batch, 1)
             self.mask2d = torch.cat([self.mask2d, self.mask2d.new_ones(batch, 1)], dim=1)
             h = self._forward(ids, self.mask2d, self.next_pos, self.cache)
             self.next_pos = self.next_pos + 1
             return h
         if self.slot >= self.static_len:
             raise RuntimeError("static cache full")
-        self.step_ids.copy_(token.view(1, 1).expand(batch, 1))
+        self.step_ids.copy_(ids)
         self.step_pos.copy_(self.next_pos)
         self.step_mask[:, :, :, self.slot] = True
         self.slot += 1

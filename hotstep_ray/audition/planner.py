@@ -5,6 +5,10 @@ emitted, exactly int(duration * 5) of them, then `<|im_end|>` is forced. Samplin
 request's temperature / top-p / top-k / CFG and one explicit `lm_seed` (a torch generator drives
 phase 1 then phase 2), so a side is reproducible from its receipt.
 
+`generate_batch` decodes the phase 2 of several requests sharing a model and sampling params
+together (rows [cond_1..cond_N, uncond_1..uncond_N], a generator per request): for throughput
+(calibration), not for `/lm`, whose codes must match a single-request run (see `plan_batch`).
+
 Adapters are loaded by catalogue id onto a *shared copy* of the base LM (new module objects, the
 same weight tensors), so the base model never carries an adapter: a base request is
 byte-identical to an adapterless run whatever adapters are cached. `adapter()` keeps an LRU of
@@ -35,6 +39,7 @@ from hotstep_ray.audition.lm_decode import (
     Sampling,
     Stepper,
     combine_cfg,
+    combine_cfg_pairs,
     head_slice,
     resolve_mode,
     sample_token,
@@ -114,6 +119,25 @@ class Plan:
 
     result: LmResult
     token_ids: list[int]  # phase 2 output: the code tokens then <|im_end|>
+
+
+@dataclass
+class _Job:
+    """One request ready for phase 2 (`PlannerLM._prepare`): what `_finish` reports."""
+
+    request: LmRequest
+    loaded: LoadedLm
+    scale: float
+    seed: int
+    gen: torch.Generator
+    params: Sampling
+    trigger: TriggerInfo | None
+    caption: str
+    phase1: bool
+    meta: dict[str, Any]
+    cot: str
+    count: int  # codes to emit
+    rows: list[list[int]]  # phase-2 prompts: [cond] or [cond, uncond]
 
 
 def validate_phase1(meta: dict[str, Any]) -> dict[str, Any]:
@@ -273,6 +297,36 @@ class PlannerLM:
                 h = stepper.step(out[k] + AUDIO_CODE_BASE_ID)
         return out.tolist()
 
+    def _phase2_batch(self, loaded: LoadedLm, jobs: list[_Job]) -> list[list[int]]:
+        """Phase 2 of N requests sharing `loaded` and their sampling params, decoded together
+        over rows [cond_1..cond_N, uncond_1..uncond_N] (N rows without CFG; `Stepper.start`
+        left-pads them). Pair i's logits mix rows (i, N + i); request i samples from its own
+        generator and its own recent codes, and both its rows receive its token. Every row
+        steps until the longest request is done: one that needs fewer codes stops sampling
+        (its generator is not read again) and its rows are fed code 0, their outputs ignored."""
+        n, params = len(jobs), jobs[0].params
+        rows = [job.rows[0] for job in jobs]
+        if params.uses_cfg:
+            rows += [job.rows[1] for job in jobs]
+        longest = max(job.count for job in jobs)
+        stepper = self._stepper(loaded, rows, longest)
+        h = stepper.start(rows, longest)
+        head = head_slice(loaded.model, AUDIO_CODE_BASE_ID, AUDIO_CODE_BASE_ID + NUM_CODES)
+        out = torch.zeros(n, longest, dtype=torch.long, device=self.device)  # 0: done rows
+        penalise = params.rep_penalty != 1.0
+        for k in range(longest):
+            mixed = combine_cfg_pairs(head(h).float(), n, params.cfg_scale)  # [N, V]
+            window = slice(max(0, k - params.rep_window), k)
+            for i, job in enumerate(jobs):  # N small launches, no host sync
+                if k >= job.count:
+                    continue
+                recent = out[i, window] if penalise else None
+                out[i, k] = sample_token(mixed[i], params, job.gen, recent)
+            if k + 1 < longest:
+                tokens = out[:, k] + AUDIO_CODE_BASE_ID
+                h = stepper.step(torch.cat([tokens, tokens]) if params.uses_cfg else tokens)
+        return [row[: job.count] for row, job in zip(out.tolist(), jobs, strict=True)]
+
     def plan(self, request: LmRequest, adapter: LoadedLm | None = None) -> Plan:
         """Run one request. `adapter` (from `load_adapter`) wins over `request.lm_adapter`."""
         with self._lock:
@@ -283,9 +337,57 @@ class PlannerLM:
     def generate(self, request: LmRequest, adapter: LoadedLm | None = None) -> LmResult:
         return self.plan(request, adapter).result
 
-    @torch.no_grad()
-    def _plan(self, request: LmRequest, adapter: LoadedLm | None) -> Plan:
-        start = time.perf_counter()
+    def plan_batch(self, requests: list[LmRequest], adapter: LoadedLm | None = None) -> list[Plan]:
+        """Run several requests, their phase 2 decoded together (`_phase2_batch`) when they can
+        share one batch (`batchable`), else one after the other through `plan`. Each result
+        carries its own seed, codes and receipt, and the same fields `plan` gives.
+
+        Phase 1 (the CoT of a request with metas missing) still runs per request, from the
+        request's own generator, before the batch; phase 2 then continues from that generator,
+        as `plan` does. One request alone gives exactly `plan`'s codes. Several do not in general
+        (the same seeds, but GEMMs of other shapes and more padding: float rounding differs, and
+        a sampled race or a near-tie can then flip): reproducible per batch composition, not
+        byte-identical to single-request runs.
+
+        Timing: `lm_ms` is the request's own preparation (prompts, phase 1) plus its share of the
+        batched phase 2's wall clock in proportion to its codes, so the results' `lm_ms` add up
+        to the call's wall clock and `codes_per_s` is about the batch's aggregate rate."""
+        requests = list(requests)
+        with self._lock:
+            if not self.batchable(requests, adapter):
+                return [self.plan(request, adapter) for request in requests]
+            if adapter is None and requests[0].lm_adapter:
+                adapter = self.adapter(requests[0].lm_adapter)
+            return self._plan_batch(requests, adapter)
+
+    def generate_batch(
+        self, requests: list[LmRequest], adapter: LoadedLm | None = None
+    ) -> list[LmResult]:
+        """`generate` for several requests at once: see `plan_batch`."""
+        return [plan.result for plan in self.plan_batch(requests, adapter)]
+
+    @staticmethod
+    def batchable(requests: list[LmRequest], adapter: LoadedLm | None = None) -> bool:
+        """Whether these requests can decode as one batch: the same model (the given `adapter`,
+        else the same `lm_adapter`), the same `lm_adapter_scale` where an adapter applies, and
+        the same sampling params (temperature, top-p/k, CFG, repetition penalty). Seeds,
+        captions, lyrics, metas, durations and negative prompts may differ."""
+        if not requests:
+            return False
+        first = requests[0]
+        adapted = adapter is not None or bool(first.lm_adapter)
+        params = _sampling(first)
+        for request in requests[1:]:
+            if adapter is None and request.lm_adapter != first.lm_adapter:
+                return False
+            if adapted and request.lm_adapter_scale != first.lm_adapter_scale:
+                return False
+            if _sampling(request) != params:
+                return False
+        return True
+
+    def _use(self, request: LmRequest, adapter: LoadedLm | None) -> tuple[LoadedLm, float]:
+        """The model a request runs on and its adapter scale (set on the adapter's layers)."""
         loaded = adapter or self.base
         scale = request.lm_adapter_scale if adapter else 1.0
         if adapter is not None:
@@ -295,10 +397,15 @@ class PlannerLM:
             if scale != adapter.scale:  # graphs replay the captured scale: rebuild the engines
                 adapter.steppers.clear()
                 adapter.scale = scale
+        return loaded, scale
+
+    def _prepare(self, request: LmRequest, adapter: LoadedLm | None, scale: float) -> _Job:
+        """Seed, sampling, trigger, phase 1 when metas are missing, the phase-2 prompts."""
+        loaded = adapter or self.base
         seed = request.lm_seed if request.lm_seed is not None and request.lm_seed >= 0 else None
         seed = secrets.randbits(31) if seed is None else seed
         gen = torch.Generator(device=self.device).manual_seed(seed)
-        params = Sampling(**request.model_dump(include=SAMPLING_FIELDS))
+        params = _sampling(request)
 
         trigger = None
         if request.use_trigger and (adapter is not None or request.trigger):
@@ -340,27 +447,61 @@ class PlannerLM:
                 self.tokenizer, negative_prompt=request.negative_prompt
             )
             rows.append(self._ids(uncond))
-        codes = self._phase2(loaded, rows, count, params, gen)
-        elapsed = time.perf_counter() - start
+        return _Job(
+            request, loaded, scale, seed, gen, params, trigger, caption, phase1, meta, cot, count,
+            rows,
+        )  # fmt: skip
+
+    def _finish(self, job: _Job, codes: list[int], elapsed: float) -> Plan:
+        request, meta = job.request, job.meta
         result = LmResult(
             codes=codes,
             codes_count=len(codes),
             codes_sha1=codes_sha1(codes),
             duration=round(len(codes) / CODE_HZ, 1),
-            caption=caption,
+            caption=job.caption,
             lyrics=request.lyrics,
             bpm=meta.get("bpm"),
             keyscale=meta.get("keyscale"),
             timesignature=meta.get("timesignature"),
             language=meta.get("language"),
-            cot=cot,
-            phase1=phase1,
-            lm_seed=seed,
-            lm_adapter=loaded.name,
-            lm_adapter_scale=scale,
+            cot=job.cot,
+            phase1=job.phase1,
+            lm_seed=job.seed,
+            lm_adapter=job.loaded.name,
+            lm_adapter_scale=job.scale,
             lm_size=self.lm_size,
-            trigger=trigger,
+            trigger=job.trigger,
             lm_ms=round(elapsed * 1000.0, 3),
             codes_per_s=round(len(codes) / max(elapsed, 1e-9), 2),
         )
         return Plan(result, [AUDIO_CODE_BASE_ID + c for c in codes] + [IM_END_ID])
+
+    @torch.no_grad()
+    def _plan(self, request: LmRequest, adapter: LoadedLm | None) -> Plan:
+        start = time.perf_counter()
+        loaded, scale = self._use(request, adapter)
+        job = self._prepare(request, adapter, scale)
+        codes = self._phase2(loaded, job.rows, job.count, job.params, job.gen)
+        return self._finish(job, codes, time.perf_counter() - start)
+
+    @torch.no_grad()
+    def _plan_batch(self, requests: list[LmRequest], adapter: LoadedLm | None) -> list[Plan]:
+        loaded, scale = self._use(requests[0], adapter)
+        jobs, prepared_s = [], []
+        for request in requests:
+            start = time.perf_counter()
+            jobs.append(self._prepare(request, adapter, scale))
+            prepared_s.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        codes = self._phase2_batch(loaded, jobs)
+        batch_s = time.perf_counter() - start
+        total = sum(job.count for job in jobs)
+        return [
+            self._finish(job, out, own + batch_s * job.count / total)
+            for job, out, own in zip(jobs, codes, prepared_s, strict=True)
+        ]
+
+
+def _sampling(request: LmRequest) -> Sampling:
+    return Sampling(**request.model_dump(include=SAMPLING_FIELDS))

@@ -18,6 +18,15 @@ Length. The planner emits exactly duration x 5 codes, so lengths differ only whe
 the duration itself: `duration_s=None` (the default) leaves it to phase 1 (the other metas stay
 pinned to the song's) and the length guard measures the adapter's planning. A fixed `duration_s`
 is cheaper (no CoT, fixed cost per item) but makes the length guard pass trivially.
+
+Batching. The worker decodes an item's requests `max_batch` at a time (`PlannerLM.generate_batch`:
+one batch of 2 x max_batch CFG rows, about the per-step cost of one request's 2 rows, since
+decoding is memory-bound); phase 1, where the LM plans the duration, still runs per request
+before the batch. Batched codes are reproducible for a given `max_batch` but not byte-identical to
+single-request generation with the same seeds (other GEMM shapes, more padding, so other float
+rounding): calibration compares items with each other, every item generated the same way, and
+needs no match with `/lm`. Receipts (`codes_sha1`) stay per request. `max_batch=1` is the
+sequential path, one `PlannerLM.generate` per request.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ from hotstep_ray.core.storage import Storage
 from hotstep_ray.training.lm_data import load_lm_codes
 
 PHASE = "calibrate-lm"
+DEFAULT_MAX_BATCH = 4  # requests decoded together (1 = one at a time)
 METRIC = {
     "score": "marginal + transition, bits in [0, 2]; lower is better",
     "marginal": "Jensen-Shannon divergence (log2) of the generated vs dataset code histograms",
@@ -65,6 +75,7 @@ class LmCalibrationConfig(BaseModel):
     memorisation_limit_codes: int = Field(default=metrics.MEMORISATION_LIMIT_CODES, ge=1)
     length_floor: float = Field(default=metrics.LENGTH_FLOOR, ge=0.0, le=1.0)
     include_final: bool = True  # the run's own adapter is a candidate besides the milestones
+    max_batch: int = Field(default=DEFAULT_MAX_BATCH, ge=1, le=64)  # requests decoded together
 
     @field_validator("scales", mode="before")
     @classmethod
@@ -89,10 +100,20 @@ def lm_requests(prompts: Sequence[Prompt], config: LmCalibrationConfig) -> list[
 # -- the worker ----------------------------------------------------------------------------------
 class LmWorker:
     """Generates every request of a work item: the base model, or an adapter folder (loaded onto a
-    shared copy of the base weights, `max_adapters` kept) at the item's scale."""
+    shared copy of the base weights, `max_adapters` kept) at the item's scale; `max_batch`
+    requests at a time (see "Batching" above; 1 = one `generate` per request)."""
 
-    def __init__(self, planner: PlannerLM, storage: Storage, max_adapters: int = 2) -> None:
+    def __init__(
+        self,
+        planner: PlannerLM,
+        storage: Storage,
+        max_adapters: int = 2,
+        max_batch: int = DEFAULT_MAX_BATCH,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch {max_batch}: expected >= 1")
         self.planner, self.storage, self.max_adapters = planner, storage, max_adapters
+        self.max_batch = max_batch
         self._cache: OrderedDict[str, LoadedLm] = OrderedDict()
 
     def adapter(self, key: str) -> LoadedLm:
@@ -112,14 +133,17 @@ class LmWorker:
     def __call__(self, item: WorkItem) -> WorkResult:
         start = time.perf_counter()
         adapter = None if item.is_base else self.adapter(item.key)
-        codes, receipts = [], []
-        for fields in item.requests:
-            scale = item.scale if adapter is not None else 1.0
-            result = self.planner.generate(
-                LmRequest(**{**fields, "lm_adapter_scale": scale}), adapter
-            )
-            codes.append(list(result.codes))
-            receipts.append(result.codes_sha1)
+        scale = item.scale if adapter is not None else 1.0
+        requests = [LmRequest(**{**fields, "lm_adapter_scale": scale}) for fields in item.requests]
+        if self.max_batch == 1:
+            results = [self.planner.generate(request, adapter) for request in requests]
+        else:
+            results = []
+            for first in range(0, len(requests), self.max_batch):
+                chunk = requests[first : first + self.max_batch]
+                results += self.planner.generate_batch(chunk, adapter)
+        codes = [list(result.codes) for result in results]
+        receipts = [result.codes_sha1 for result in results]
         return WorkResult(item.index, codes, receipts, (time.perf_counter() - start) * 1000)
 
 
@@ -134,6 +158,7 @@ class LmWorkerSpec:
     device: str | None = None
     dtype: str | None = None
     decode_mode: str = "auto"  # CUDA graphs on CUDA, eager on CPU
+    max_batch: int = DEFAULT_MAX_BATCH  # requests decoded together (1 = one at a time)
 
     def __call__(self) -> LmWorker:
         planner = PlannerLM.from_checkpoints(
@@ -148,7 +173,7 @@ class LmWorkerSpec:
                 f"the run was trained on the {self.expected_size} LM; {self.checkpoints} gave "
                 f"{planner.lm_size} (pass --model with the right folder)"
             )
-        return LmWorker(planner, Storage(self.data))
+        return LmWorker(planner, Storage(self.data), max_batch=self.max_batch)
 
 
 def lm_folder_of_size(checkpoints: str, lm_size: str) -> str | None:
@@ -228,7 +253,9 @@ def calibrate_lm(
         if factory is None:
             if not checkpoints:
                 raise InputError("calibrate_lm needs checkpoints (or a worker factory)")
-            factory = LmWorkerSpec(str(checkpoints), storage.url, lm, run.lm_size, device)
+            factory = LmWorkerSpec(
+                str(checkpoints), storage.url, lm, run.lm_size, device, max_batch=config.max_batch
+            )
         key = codes_key(storage, run, codes)
         songs, _ = load_lm_codes(storage, key)
         dataset = metrics.DatasetCodes.from_songs(

@@ -64,6 +64,12 @@ def run(
     top_p: float = typer.Option(0.9, help="LM nucleus sampling."),
     top_k: int = typer.Option(0, help="LM top-k (0 = off)."),
     cfg_scale: float = typer.Option(2.0, help="LM classifier-free guidance (<= 1: off)."),
+    max_batch: int = typer.Option(
+        LmCalibrationConfig.model_fields["max_batch"].default,
+        min=1,
+        max=64,
+        help="LM: generations decoded together (1 = one at a time).",
+    ),
     codes: str = typer.Option("", help="Storage key of lm_codes.jsonl (default: from the log)."),
     tensors: str = typer.Option("", help="DiT: tensor cache key (default: from the log)."),
     model: str = typer.Option("", help="LM or DiT folder under --checkpoints (default: run's)."),
@@ -110,6 +116,7 @@ def run(
                 base_seed=base_seed,
                 duration_s=duration or None,
                 sampling=sampling,
+                max_batch=max_batch,
             )
             outcome = calibrate_lm(
                 storage, run_key, config=config, lm=model or None, events=job.events, **common

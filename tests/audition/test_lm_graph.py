@@ -96,3 +96,72 @@ def test_graph_planner_gives_the_eager_codes(planner, graph_on_cpu, sampling):
     assert all(AUDIO_CODE_BASE_ID <= t < AUDIO_CODE_BASE_ID + 64000 for t in got.token_ids[:-1])
     steppers = list(graph.base.steppers.values())
     assert steppers and all(s.mode == "graph" and s._graph is not None for s in steppers)
+
+
+# -- per-row tokens (batched requests) ------------------------------------------------------------
+ROWS = [list(range(100, 130)), list(range(300, 318)), list(range(200, 212)), list(range(400, 425))]
+
+
+def _per_row_tokens(steps: int) -> list[torch.Tensor]:
+    """[4] tokens per step: pairs (0, 2) and (1, 3) share one, as batched CFG rows do."""
+    return [torch.tensor([5 + k, 40 + 3 * k, 5 + k, 40 + 3 * k]) for k in range(steps)]
+
+
+def test_per_row_tokens_static_matches_eager(planner):
+    tokens = _per_row_tokens(10)
+    eager = Stepper(planner.base.model, "eager")
+    expected = [eager.start(ROWS, 10)] + [eager.step(t) for t in tokens]
+    static = Stepper(planner.base.model, "static")
+    got = [static.start(ROWS, 10)] + [static.step(t) for t in tokens]
+    assert static.step_ids.shape == (4, 1)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    # a 0-d token is still fed to every row: the same as the [B] tensor repeating it
+    shared, spelled = Stepper(planner.base.model, "static"), Stepper(planner.base.model, "static")
+    shared.start(ROWS, 2)
+    spelled.start(ROWS, 2)
+    torch.testing.assert_close(shared.step(torch.tensor(7)), spelled.step(torch.full((4,), 7)))
+    with pytest.raises(ValueError, match="expected"):
+        shared.step(torch.tensor([1, 2]))
+
+
+def test_graph_stepper_replays_per_row_tokens(planner, graph_on_cpu):
+    """One captured step serves 0-d and [B] tokens alike: both land in the [B, 1] ids buffer."""
+    tokens = _per_row_tokens(4) + [torch.tensor(9)] + _per_row_tokens(2)
+    reference = Stepper(planner.base.model, "static")
+    expected = [reference.start(ROWS, 8)] + [reference.step(t) for t in tokens]
+    graph = Stepper(planner.base.model, "graph")
+    got = [graph.start(ROWS, 8)] + [graph.step(t).clone() for t in tokens]
+    assert graph.mode == "graph" and graph._graph.replays == len(tokens)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_graph_planner_batches_like_eager(planner, graph_on_cpu):
+    eager = PlannerLM(planner.base.model, planner.tokenizer, lm_size="0.6B", decode_mode="eager")
+    graph = PlannerLM(planner.base.model, planner.tokenizer, lm_size="0.6B", decode_mode="graph")
+    pinned = {"bpm": 120, "keyscale": "C major", "timesignature": "4", "top_k": 8}
+    requests = [
+        LmRequest(caption=caption, duration=duration, lm_seed=seed, **pinned)
+        for caption, duration, seed in (("dark synthwave", 2, 1), ("lofi", 3, 2), ("a", 1, 3))
+    ]
+    want = [r.codes for r in eager.generate_batch(requests)]
+    assert [r.codes for r in graph.generate_batch(requests)] == want
+    (stepper,) = graph.base.steppers.values()
+    assert stepper.mode == "graph" and stepper.static_rows == 6 and stepper._graph is not None
+
+
+def test_compiled_step_takes_per_row_tokens(planner, monkeypatch):
+    """The compiled step reads the same [B, 1] ids buffer: per-row tokens need no recompile
+    (the shapes of `test_lm_compiled.py`, so its Inductor compile is reused when warm)."""
+    monkeypatch.setattr(lm_decode, "_compile_off_cuda_for_tests", "inductor")
+    rows = [list(range(100, 130)), list(range(200, 212))]
+    tokens = [torch.tensor([5 + k, 900 - k]) for k in range(6)] + [torch.tensor(3)]
+    reference = Stepper(planner.base.model, "static")
+    expected = [reference.start(rows, 20)] + [reference.step(t) for t in tokens]
+    with torch._inductor.config.patch({"cpp.vec_isa_ok": False}):
+        compiled = Stepper(planner.base.model, "compiled")
+        got = [compiled.start(rows, 20)] + [compiled.step(t).clone() for t in tokens]
+    assert compiled.mode == "compiled" and compiled._compiled is not None
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)

@@ -22,7 +22,7 @@ PIN = {"bpm": 120, "keyscale": "C major", "timesignature": "4", "top_k": 8}
 
 
 def _request(**extra) -> LmRequest:
-    return LmRequest(caption="dark synthwave", lyrics="[verse]\nneon", **{**PIN, **extra})
+    return LmRequest(**{"caption": "dark synthwave", "lyrics": "[verse]\nneon", **PIN, **extra})
 
 
 def test_constrained_decoding_emits_duration_x5_codes_then_eos(planner):
@@ -158,3 +158,89 @@ def test_adapter_cache_loads_once_and_evicts_the_least_recently_used():
     assert cache.ids == ["a", "c"]
     cache.get("b")
     assert loads == ["a", "b", "c", "b"] and cache.ids == ["c", "b"]
+
+
+# -- batched generation ---------------------------------------------------------------------------
+def _fields(result) -> dict:
+    """A result's fields but its timing (which a batch shares out)."""
+    return result.model_dump(exclude={"lm_ms", "codes_per_s"})
+
+
+def test_a_batch_of_one_is_generate(planner):
+    request = _request(duration=2, lm_seed=17)  # sampled (temperature 0.85, top-k 8), CFG
+    (batched,) = planner.generate_batch([request])
+    assert _fields(batched) == _fields(planner.generate(request))
+
+
+def test_a_greedy_batch_gives_each_request_its_own_codes(planner):
+    """Different seeds, captions, lyrics, negative prompts and durations (prompts of different
+    lengths, left-padded; requests finishing early) in one batch of 3 x [cond, uncond] rows:
+    each gets exactly its own `generate` codes (greedy in float32 on the CPU: batching leaves
+    every argmax alone). The repetition penalty (each request's own recent codes) keeps the tiny
+    LM's greedy codes from repeating one code, so a token fed to the wrong row shows."""
+    greedy = {"temperature": 0, "rep_penalty": 2.0, "rep_window": 16}
+    requests = [
+        _request(duration=2, lm_seed=1, caption="a", **greedy),
+        _request(duration=3, lm_seed=2, lyrics="[chorus]\nneon nights, analog", **greedy),
+        _request(duration=1, lm_seed=3, negative_prompt="noise", **greedy),
+    ]
+    batched = planner.generate_batch(requests)
+    assert (6, 0) in planner.base.steppers  # one 6-row engine decoded them together
+    singles = [planner.generate(r) for r in requests]
+    assert [_fields(b) for b in batched] == [_fields(s) for s in singles]
+    assert [b.codes_count for b in batched] == [10, 15, 5]
+    assert len(set(batched[1].codes)) > 5
+    assert all(b.lm_ms > 0 and b.codes_per_s > 0 for b in batched)
+
+
+def test_a_sampled_batch_keeps_each_seed(planner):
+    requests = [_request(duration=2, lm_seed=seed) for seed in (21, 22, 23)]
+    first = planner.generate_batch(requests)
+    again = planner.generate_batch(requests)
+    assert [r.codes for r in first] == [r.codes for r in again]  # each seed reproduces
+    assert len({tuple(r.codes) for r in first}) == 3  # and the seeds differ within the batch
+    assert [r.lm_seed for r in first] == [21, 22, 23]
+    assert [r.codes_sha1 for r in first] == [r.codes_sha1 for r in again]
+
+
+def test_a_batch_without_cfg(planner):
+    requests = [_request(duration=d, lm_seed=d, temperature=0, cfg_scale=1.0) for d in (1, 2)]
+    fresh = PlannerLM(planner.base.model, planner.tokenizer, lm_size="0.6B", decode_mode="eager")
+    batched = fresh.generate_batch(requests)
+    assert list(fresh.base.steppers) == [(2, 0)]  # 2 cond rows, no uncond
+    assert [b.codes for b in batched] == [planner.generate(r).codes for r in requests]
+
+
+def test_a_batch_runs_phase1_per_request_then_decodes_together(planner):
+    requests = [
+        LmRequest(caption=caption, lm_seed=seed, max_cot_tokens=16, temperature=0)
+        for caption, seed in (("lofi", 3), ("rock", 4))
+    ]
+    batched = planner.generate_batch(requests)
+    assert all(b.phase1 for b in batched)
+    assert [_fields(b) for b in batched] == [_fields(planner.generate(r)) for r in requests]
+
+
+def test_unbatchable_requests_run_one_at_a_time(planner):
+    mixed = [_request(duration=1, lm_seed=4), _request(duration=1, lm_seed=4, temperature=0.5)]
+    assert not PlannerLM.batchable(mixed)
+    assert not PlannerLM.batchable([_request(lm_adapter="band"), _request()])
+    scaled = [_request(lm_adapter="band"), _request(lm_adapter="band", lm_adapter_scale=0.5)]
+    assert not PlannerLM.batchable(scaled)
+    assert PlannerLM.batchable([_request(lm_seed=1), _request(lm_seed=2, duration=9, bpm=90)])
+    fresh = PlannerLM(planner.base.model, planner.tokenizer, lm_size="0.6B", decode_mode="eager")
+    got = fresh.generate_batch(mixed)
+    assert list(fresh.base.steppers) == [(2, 0)]  # two single requests, no 4-row batch
+    assert [_fields(g) for g in got] == [_fields(planner.generate(r)) for r in mixed]
+    assert fresh.generate_batch([]) == []
+
+
+def test_a_batch_on_an_adapter(planner):
+    requests = [
+        _request(duration=1, lm_seed=s, lm_adapter="band", lm_adapter_scale=0.5, use_trigger=False)
+        for s in (8, 9)
+    ]
+    batched = planner.generate_batch(requests)
+    assert all(b.lm_adapter == "band" and b.lm_adapter_scale == 0.5 for b in batched)
+    assert (4, 0) in planner.adapter("band").steppers
+    assert [_fields(b) for b in batched] == [_fields(planner.generate(r)) for r in requests]

@@ -130,11 +130,12 @@ def test_cli_calibrates_the_run_from_its_log(outcome, dataset, lm_tree):
 
     args = ["run", str(dataset.local_path(RUN)), "--data", dataset.url, "--checkpoints",
             str(lm_tree), "--scales", "0.5,1.0", "--seeds", "2", "--duration", "4", "--top-k", "8",
-            "--cfg-scale", "1", "--device", "cpu"]  # fmt: skip
+            "--cfg-scale", "1", "--device", "cpu", "--max-batch", "2"]  # fmt: skip
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "calibrated:" in result.output
     doc = dataset.read_json(f"{RUN}-calibrated/hot_step_eval.json")
     assert doc["config"]["seeds"] == 2 and doc["config"]["sampling"]["cfg_scale"] == 1.0
+    assert doc["config"]["max_batch"] == 2
     assert len(doc["grid"]) == 6  # the CLI keeps the run's own adapter: 3 candidates x 2
     assert doc["dataset"]["codes"] == CODES and doc["winner"] is not None
