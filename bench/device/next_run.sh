@@ -1,8 +1,9 @@
 #!/bin/bash
 # What session 3 built but could not measure (its device minutes ran out), in priority order.
-# One `run`, carry [".device_wheels"], ~10 min (timeouts sum to 13; trim if needed); JSON in $OUT. Then, in a second call:
+# One `run`, carry [".device_wheels"], ~9 min; JSON lands in $OUT. Then, one `run` each:
 #   bash bench/device/lm_compile_run.sh   (issue 7: compiled LM layers, ~7 min)
 #   bash bench/device/lm_decode_run.sh    (issue 8: compiled planner decode step, <= 9.5 min)
+#   bash bench/device/calibrate_run.sh    (issue 12: seeds decoded together, ~3 min)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .device_wheels/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -16,6 +17,3 @@ B="python3 bench/dit_bench.py --steps 5 --warmup 2 --time-budget-s 90"
 timeout 100 $B --models 2b --adapters lokr512,lora64 --crops 6000 --batches 2 --compile reduce-overhead --out $OUT/dit_b2_ro.json 2>&1 | grep '"step_ms"'
 timeout 100 $B --models xl --adapters lora64 --crops 6000 --batches 1,2 --compile reduce-overhead --out $OUT/dit_xl_ro.json 2>&1 | grep '"step_ms"'
 timeout 100 $B --models 2b --adapters lora64 --crops 6000 --batches 3 --compile reduce-overhead --profile --out $OUT/dit_b3_ro.json 2>&1 | grep '"step_ms"'
-# issue 12: calibration with an item's seeds decoded together (max_batch 4) vs one at a time
-timeout 90 python3 bench/calibrate_bench.py --milestones 2 --scales 0.75,1.0 --seeds 4 --max-batch 4 --out $OUT/calibrate_4b_b4.json 2>&1 | grep -E '"(calibrate_total_s|codes_per_s_overall|projected_default_grid_s)"'
-timeout 90 python3 bench/calibrate_bench.py --milestones 2 --scales 0.75,1.0 --seeds 4 --max-batch 1 --out $OUT/calibrate_4b_b1.json 2>&1 | grep -E '"(calibrate_total_s|codes_per_s_overall|projected_default_grid_s)"'
