@@ -150,6 +150,7 @@ class DitRun:
     holdout: Any = None  # calibration.holdout.HoldoutEval when songs are held out
     params: list[torch.nn.Parameter] = field(default_factory=list)  # the trainable adapter
     compile: str = "off"  # the resolved compile mode of the blocks
+    graph_steps: int = 0  # steps run with CUDA graphs so far in this process (`guarded_step`)
     started: float = field(default_factory=time.time)
 
     @property
@@ -610,6 +611,38 @@ class StepResult:
     finite: bool
 
 
+GRAPH_TRIAL_STEPS = 3  # CUDA-graph trees warm up, record, then replay: a fault shows by step 3
+
+
+def guarded_step(run: DitRun, window: list[tuple[int, ...]]) -> StepResult:
+    """`optimizer_step`; when one of the first steps fails with CUDA graphs on, the blocks are
+    recompiled without graphs and the step is redone (its draws are a function of the seed and
+    the step, so the redo is the same step). A speed option never ends a run; running out of
+    memory is not a graph fault and still raises."""
+    if run.compile != "reduce-overhead" or run.graph_steps >= GRAPH_TRIAL_STEPS:
+        return optimizer_step(run, window)
+    try:
+        result = optimizer_step(run, window)
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any capture/replay fault: fall back
+        _log(
+            run,
+            f"CUDA graphs failed at step {run.state.step + 1} ({type(exc).__name__}: {exc}); "
+            "continuing with compiled blocks without graphs",
+            "warn",
+        )
+        import torch._dynamo as dynamo
+
+        run.optimizer.zero_grad(set_to_none=True)
+        dynamo.reset()
+        compile_blocks(run.transformer, "default")
+        run.compile = "default"
+        return optimizer_step(run, window)
+    run.graph_steps += 1
+    return result
+
+
 def optimizer_step(run: DitRun, window: list[tuple[int, ...]]) -> StepResult:
     """One optimizer step over `grad_accum` micro-batches (see the module docstring)."""
     started = time.perf_counter()
@@ -674,7 +707,7 @@ def train(
     while not state.stop_reason:
         plan = epoch_windows(run, state.epoch)
         while state.window < len(plan):
-            result = optimizer_step(run, plan[state.window])
+            result = guarded_step(run, plan[state.window])
             if not result.finite:
                 state.stop_reason = "non_finite"
                 _log(

@@ -270,6 +270,47 @@ def test_graph_mode_accumulates_into_stable_gradient_buffers(
         torch.testing.assert_close(value, adapters.adapter_state_dict(eager.transformer)[key])
 
 
+def test_a_graph_fault_in_the_first_steps_falls_back_to_plain_compiled_blocks(
+    storage, tiny_dit_dir, single_thread, monkeypatch
+) -> None:
+    """A CUDA-graph capture/replay error in one of the first steps recompiles the blocks without
+    graphs and redoes the same step; out-of-memory is not treated as a graph fault."""
+    options = fast_options(grad_accum=1, batch=1)
+    eager = dit.setup(options, storage, SLUG, settings(tiny_dit_dir))
+    window = dit.epoch_windows(eager, 1)[0]
+    want = dit.optimizer_step(eager, window)
+
+    events: list = []
+    run = dit.setup(options, storage, SLUG, settings(tiny_dit_dir), EventLog(events.append))
+    run.compile = "reduce-overhead"  # forced: the CPU captures nothing
+    recompiled: list[str] = []
+    monkeypatch.setattr(dit, "compile_blocks", lambda transformer, mode: recompiled.append(mode))
+    real_step, calls = dit.optimizer_step, []
+
+    def faulty(run_, window_):
+        calls.append(run_.compile)
+        if len(calls) == 1:
+            raise RuntimeError("CUDA graph replay overwrote a live tensor")
+        return real_step(run_, window_)
+
+    monkeypatch.setattr(dit, "optimizer_step", faulty)
+    got = dit.guarded_step(run, window)
+    assert calls == ["reduce-overhead", "default"] and recompiled == ["default"]
+    assert run.compile == "default" and got.loss == pytest.approx(want.loss, rel=1e-6)
+    logs = [e for e in events if getattr(e, "level", None) == "warn"]
+    assert any("CUDA graphs failed at step 1" in e.message for e in logs)
+
+    oom = dit.setup(options, storage, SLUG, settings(tiny_dit_dir))
+    oom.compile = "reduce-overhead"
+
+    def out_of_memory(run_, window_):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(dit, "optimizer_step", out_of_memory)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        dit.guarded_step(oom, window)
+
+
 @pytest.mark.slow
 def test_compiled_blocks_give_the_eager_gradients(storage, tiny_dit_dir, single_thread) -> None:
     """The compiled-block path of the GPU default, through Inductor on the CPU: with the key-mask
