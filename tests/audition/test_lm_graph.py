@@ -72,11 +72,12 @@ def test_graph_stepper_replays_the_static_steps(planner, graph_on_cpu):
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.85, "top_k": 8}])
-def test_graph_planner_gives_the_eager_codes(planner, graph_on_cpu, sampling):
+def planner_matches_eager(planner, mode: str, **sampling) -> list:
+    """A seeded CFG request through the `mode` engine gives the eager engine's codes, exactly
+    duration x 5 code tokens then <|im_end|> (constrained decoding); returns its steppers."""
     eager = PlannerLM(planner.base.model, planner.tokenizer, lm_size="0.6B", decode_mode="eager")
-    graph = PlannerLM(planner.base.model, planner.tokenizer, lm_size="0.6B", decode_mode="graph")
-    assert graph.decode_mode == "graph"
+    other = PlannerLM(planner.base.model, planner.tokenizer, lm_size="0.6B", decode_mode=mode)
+    assert other.decode_mode == mode
     request = LmRequest(
         caption="dark synthwave",
         lyrics="[verse]\nneon",
@@ -89,13 +90,19 @@ def test_graph_planner_gives_the_eager_codes(planner, graph_on_cpu, sampling):
         **sampling,
     )
     want = eager.plan(request)
-    got = graph.plan(request)
+    got = other.plan(request)
     assert got.result.codes == want.result.codes
-    # constrained decoding: exactly duration x 5 code tokens, then <|im_end|>
     assert len(got.token_ids) == 16 and got.token_ids[-1] == IM_END_ID
     assert all(AUDIO_CODE_BASE_ID <= t < AUDIO_CODE_BASE_ID + 64000 for t in got.token_ids[:-1])
-    steppers = list(graph.base.steppers.values())
-    assert steppers and all(s.mode == "graph" and s._graph is not None for s in steppers)
+    steppers = list(other.base.steppers.values())
+    assert steppers and all(s.mode == mode for s in steppers)
+    return steppers
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.85, "top_k": 8}])
+def test_graph_planner_gives_the_eager_codes(planner, graph_on_cpu, sampling):
+    steppers = planner_matches_eager(planner, "graph", **sampling)
+    assert all(s._graph is not None for s in steppers)
 
 
 # -- per-row tokens (batched requests) ------------------------------------------------------------
