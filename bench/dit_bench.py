@@ -256,8 +256,9 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
     configure(run, crop, batch, args.ckpt)
     device = run.device
     window = [tuple(range(batch))] * args.grad_accum  # one optimizer step per window
-    for _ in range(args.warmup):
-        dit.optimizer_step(run, window)
+    # Every step's loss, warm-up included: rows of two compile modes from fresh runs (same seed)
+    # must agree to bf16 rounding, or the faster mode computes something else.
+    losses = [dit.optimizer_step(run, window).loss for _ in range(args.warmup)]
     synchronize(device)
     if device.type == "cuda":
         torch.cuda.empty_cache()  # so the reserved peak is this row's, not an earlier row's
@@ -270,6 +271,7 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
         synchronize(device)
         times.append((time.perf_counter() - started) * 1000)
         finite = finite and result.finite
+        losses.append(result.loss)
     median = statistics.median(times)
     flops = dit_vram.step_flops(
         run.dims,
@@ -291,6 +293,7 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
         "ckpt_layers": run.fit.ckpt_layers,
         "est_gib": round(run.fit.estimate.total / GIB, 2),
         "finite": finite,
+        "losses": [round(loss, 6) for loss in losses],
     }
     if device.type == "cuda":
         row["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / GIB, 2)
