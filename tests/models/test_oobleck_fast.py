@@ -13,13 +13,12 @@ from hotstep_ray.models.oobleck_fast import (
     ShapeGraphs,
     convs_to_2d,
     fold_weight_norm,
-    residual_triton_fits,
     resolve_snake,
-    snake_layout,
     swap_snakes,
     weight_norm_folded,
     weight_norm_left,
 )
+from hotstep_ray.models.oobleck_kernels import residual_triton_fits, snake_layout
 
 
 @pytest.fixture(scope="module")
