@@ -37,3 +37,15 @@ def shutdown_ray() -> None:
 
     if ray.is_initialized():
         ray.shutdown()
+
+
+def die_after_checkpoint(fail_at_step: int | None, step: int) -> None:
+    """Fault injection for the Ray Train resume tests (a job's `fail_at_step`): once `step`
+    reaches it, wait until Ray has registered the checkpoint just reported, then end the worker
+    process hard (exit 17, no cleanup), as a lost node would."""
+    if fail_at_step is None or step < fail_at_step:
+        return
+    import ray.train
+
+    ray.train.get_all_reported_checkpoints(timeout_s=60)
+    os._exit(17)

@@ -25,7 +25,6 @@ Tests run it on CPUs: `use_gpu=False` asks for `{"CPU": 1, "VRAM_GB": n}`.
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any
 from hotstep_ray.core import layout
 from hotstep_ray.core.events import EventLog, jsonl_sink
 from hotstep_ray.core.storage import Storage
+from hotstep_ray.distributed.runtime import die_after_checkpoint
 from hotstep_ray.mm3 import checkpoint as ckpt
 from hotstep_ray.mm3 import train, vram
 from hotstep_ray.training.ray_dit import RESULTS_DIR, VRAM_RESOURCE, WORKERS_DIR, check_placement
@@ -153,13 +153,9 @@ def _report(run: train.Mm3Run, step: int, extra: dict[str, Any] | None = None) -
 
 
 def _report_hook(fail_at_step: int | None):
-    import ray
-
     def hook(run: train.Mm3Run, step: int) -> None:
         _report(run, step)
-        if fail_at_step is not None and step >= fail_at_step:
-            ray.train.get_all_reported_checkpoints(timeout_s=60)  # that checkpoint is registered
-            os._exit(17)  # then a hard worker death, as a lost node would cause
+        die_after_checkpoint(fail_at_step, step)
 
     return hook
 

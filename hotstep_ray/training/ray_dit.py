@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -44,6 +43,7 @@ from hotstep_ray.core.contracts import TrainDitOptions
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog, jsonl_sink
 from hotstep_ray.core.storage import Storage
+from hotstep_ray.distributed.runtime import die_after_checkpoint
 from hotstep_ray.training import adapters, dit, dit_data, dit_vram
 
 VRAM_RESOURCE = "VRAM_GB"
@@ -255,9 +255,8 @@ def _report_hook(fail_at_step: int | None):
                 ray.train.report(metrics, checkpoint=Checkpoint.from_directory(folder))
         else:
             ray.train.report(metrics)
-        if fail_at_step is not None and run.state.step >= fail_at_step and run.is_main:
-            ray.train.get_all_reported_checkpoints(timeout_s=60)  # that checkpoint is registered
-            os._exit(17)  # then a hard worker death, as a lost node would cause
+        if run.is_main:
+            die_after_checkpoint(fail_at_step, run.state.step)
 
     return report
 
