@@ -152,7 +152,7 @@ def _unchecked(encoder, items) -> None:
     """`Encoder.encode`'s work without its NaN check."""
     latents = encoder.latents(items)
     encoder.conditions([i.caption_prompt for i in items], [i.lyric_prompt for i in items])
-    for z, codes in zip(latents, encoder.codes_many(latents), strict=True):
+    for z, codes in zip(latents, encoder.codes(latents), strict=True):
         z.cpu(), codes.cpu()
 
 
@@ -172,7 +172,7 @@ def run_case(encoder, items, iters: int, weights: int) -> dict[str, Any]:
     captions = [item.caption_prompt for item in items]
     lyrics = [item.lyric_prompt for item in items]
     _, cond_s = timed(lambda: encoder.conditions(captions, lyrics))
-    _, codes_s = timed(lambda: encoder.codes_many(latents))
+    _, codes_s = timed(lambda: encoder.codes(latents))
     median = statistics.median(batch)
     peak = torch.cuda.max_memory_allocated()
     return {

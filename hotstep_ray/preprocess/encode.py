@@ -129,16 +129,12 @@ class Encoder:
             out.append(mean + std * noise)
         return out
 
-    def codes(self, latents: torch.Tensor) -> torch.Tensor:
-        """[T, 64] -> [ceil(T / 5)] int64 FSQ indices (tokenizer in float32, silence-padded)."""
-        silence = self.dit.silence_latent.to(self.device)[None]  # [1, N, 64]
-        out = tokenize_latents(self.dit.audio_tokenizer, latents.float()[None], silence)
-        return out.indices[0, :, 0].long()
-
-    def codes_many(self, latents: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """`codes` of several songs; songs of equal length share a tokenizer call, up to
-        `CODES_FRAMES_PER_CALL` frames (H200, 8 x 240 s: 303 -> 260 ms, but the float32
-        activations of all 8 at once took 5 GiB, so calls hold two such songs). Rows never mix:
+    def codes(self, latents: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """[T, 64] latents per song -> [ceil(T / 5)] int64 FSQ indices per song (the tokenizer
+        in float32, silence-padded). Songs of equal length share a tokenizer call, up to
+        `CODES_FRAMES_PER_CALL` frames (docs/BENCHMARKS.md, H200, 8 x 240 s: codes 301-304 ms
+        one song per call, 260 ms all 8 in one call, but peak memory rose 3.8 -> 8.8 GiB, so a
+        call holds two such songs). Rows never mix:
         the tokenizer pools each 5-frame window of each row on its own."""
         groups: dict[int, list[int]] = defaultdict(list)
         for index, z in enumerate(latents):
@@ -212,7 +208,7 @@ class Encoder:
             )
             genre = dict(zip(genre_rows, found, strict=True))
         silence = self.dit.silence_latent
-        codes = self.codes_many(latents)
+        codes = self.codes(latents)
         out = []
         for index, (item, z) in enumerate(zip(items, latents, strict=True)):
             frames = z.shape[0]

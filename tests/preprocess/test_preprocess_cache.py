@@ -176,10 +176,10 @@ def test_batched_codes_equal_per_song_codes(plain_run, monkeypatch) -> None:
     )
     generator = torch.Generator().manual_seed(5)
     latents = [torch.randn(frames, 64, generator=generator) for frames in (23, 40, 23, 23)]
-    batched = encoder.codes_many(latents)
+    batched = encoder.codes(latents)
     monkeypatch.setattr(encode_module, "CODES_FRAMES_PER_CALL", 50)  # 23-frame songs: 2 per call
-    split = encoder.codes_many(latents)
-    singles = [encoder.codes(z) for z in latents]
+    split = encoder.codes(latents)
+    singles = [encoder.codes([z])[0] for z in latents]
     assert [c.shape[0] for c in batched] == [5, 8, 5, 5]
     for got, cut, want in zip(batched, split, singles, strict=True):
         assert torch.equal(got, want) and torch.equal(cut, want)
