@@ -303,8 +303,7 @@ class Nhwc(torch.nn.Module):
 # output (2 N more), in place it overwrites the unit's input, and either way the bias costs a
 # pass.) The biases of the convs that feed a unit (decoder: the upsampling conv_t1; encoder: the
 # first conv and each downsampling conv1) move into the unit as well (`fold_conv_biases`).
-# H200, bf16, full-size VAE, CUDA graphs: a 768-frame decode window 19.5 -> 11.8 ms, a
-# [4, 2, 384 * 1920] encode batch 38.9 -> 23.6 ms.
+# Measured end to end in docs/BENCHMARKS.md (fifth device run, `fast-nhwc` vs `fast-nofuse`).
 
 
 class FastResidualUnit(torch.nn.Module):

@@ -253,20 +253,21 @@ def _triton_residual_kernel():
     return snake_linear_residual
 
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) by channel count: the counts where the
-# fused kernel beats the torch path, tiles from a sweep on an H200 (bf16, ~0.38 GB operands as
-# in a 768-frame decode window; fused vs snake2 + linear + add, ms): C=128 0.39 vs 0.89,
-# C=256 0.55 vs 0.78, C=512 0.83 vs 0.86. At C >= 1024 (a few % of the bytes) cuBLAS's GEMM
-# beats this simple kernel by 2-3x, so those run the torch path.
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) by channel count, for the counts that run
+# the fused kernel. The tiles come from a one-off sweep on an H200 whose script was not kept;
+# what they give end to end is measured in docs/BENCHMARKS.md (fifth device run: 240 s decode
+# 188 -> 114 ms, encode VAE stage 1.6x, `fast-nhwc` vs `fast-nofuse`). Wider layers (C >= 1024,
+# a few % of the bytes) run the torch path: cuBLAS's tuned GEMM beats this simple kernel there.
 RESIDUAL_TILES: dict[int, tuple[int, int, int, int, int]] = {
     128: (64, 128, 64, 4, 3),
     256: (64, 256, 64, 4, 2),
     512: (128, 256, 64, 8, 3),
 }
 
-# The hardware sin (after range reduction) in the fused kernel: C=128 0.39 ms vs 0.68 ms with
-# libdevice's sin; full VAE decode error against a float32 reference 1.35e-2 of the output range
-# (1.37e-2 with libdevice's sin, 1.52e-2 for diffusers' own modules in bf16).
+# The hardware sin after range reduction (within ~1e-6 + |phase| * 2e-7 of the accurate one),
+# which bf16 outputs cannot tell apart; `residual_self_check` compares the kernel with the torch
+# path at build, and the fused encode's latents stay within bf16 rounding of the unfused ones
+# (docs/BENCHMARKS.md, fifth device run).
 RESIDUAL_FAST_SIN = True
 
 
