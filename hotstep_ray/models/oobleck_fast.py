@@ -27,6 +27,7 @@ modules run, never *what* they compute (the diffusers model stays the source of 
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -187,6 +188,7 @@ def resolve_snake(impl: str, device: torch.device) -> str:
     return impl
 
 
+@functools.cache  # once per (device, dtype) and process: every decoder/encoder built asks again
 def triton_self_check(device: torch.device, dtype: torch.dtype) -> str | None:
     """Run the Triton Snake against the torch one on small NCW and NHWC tensors; returns an
     error text (the caller then falls back to torch) or None when they agree."""
@@ -434,6 +436,7 @@ def count_folded_biases(module: torch.nn.Module) -> int:
     return sum(getattr(sub, "bias_folded", False) is True for sub in module.modules())
 
 
+@functools.cache  # once per (device, dtype) and process, as `triton_self_check`
 def residual_self_check(device: torch.device, dtype: torch.dtype) -> str | None:
     """Run the fused Triton residual kernel against the torch path on a small unit; returns an
     error text (the caller then keeps the torch path) or None when they agree."""
