@@ -133,10 +133,10 @@ def run(
     checkpointing: str = typer.Option("auto", help="auto, none, full or a layer count."),
     attention: str = typer.Option("sdpa", help="sdpa or varlen."),
     compile_mode: str = typer.Option(
-        "off",
+        lm.LmEngine.model_fields["compile"].default,
         "--compile",
-        help="torch.compile each decoder layer: auto (default on CUDA, off on CPU), off, default "
-        "or reduce-overhead. CUDA only; every new row shape compiles once.",
+        help="torch.compile each decoder layer: off, default, reduce-overhead, or auto (default "
+        "on CUDA, off on the CPU). CUDA only; every new row shape compiles once.",
     ),
     pad_multiple: int = typer.Option(
         0, help="Round row widths up to this many tokens (0 = 64 when compiled, else 1)."
