@@ -7,7 +7,8 @@ the plain audition classes (`CodesDecoder`, `PlannerLM`), the code Serve replica
 
 Sections (each in its own try/except; the JSON is rewritten after every row):
   decode        codes -> WAV bytes for 30 s and 240 s, per tiling/compile config: median/p90,
-                GPU-only time, weights and peak memory
+                GPU-only time, weights and peak memory; each decoder is warmed first (as a
+                Serve replica is): `warm_s`, `reserved_after_warm_gib`
   decode-load   8 and 32 concurrent clients (threads) on one decoder, 30 s clips: p50/p99
   lm            codes/s for 30 s and 240 s songs (CFG 2.0, metas pinned), per decode engine
                 (LM_ENGINES: graph, compiled = Inductor step in our CUDA graph, compiled-max =
@@ -48,7 +49,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, no install
 
-from hotstep_ray.audition.decode import CodesDecoder  # noqa: E402
+from hotstep_ray.audition.decode import CodesDecoder, pcm16_wav  # noqa: E402
 from hotstep_ray.audition.planner import LoadedLm, PlannerLM, shared_copy  # noqa: E402
 from hotstep_ray.audition.schemas import LmRequest  # noqa: E402
 from hotstep_ray.models.acestep_dit import resolve_device_dtype  # noqa: E402
@@ -241,6 +242,10 @@ def bench_decode(args, device, dtype, record: Callable[[dict], None], parts) -> 
             record({"section": "decode", "config": name, "skipped": "time budget"})
             continue
         decoder = make_decoder(parts, name)
+        # As a Serve replica does: the tile window's graph first, so it sizes the graph pool.
+        warm: dict[str, float] = {"warm_s": round(decoder.warm(), 2)}
+        if device.type == "cuda":
+            warm["reserved_after_warm_gib"] = round(torch.cuda.memory_reserved(device) / GIB, 3)
         weights = _param_gib(decoder.quantizer, decoder.detokenizer, decoder.vae.vae)
         for seconds in args.decode_seconds:
             codes = _codes(seconds, seed=int(seconds))
@@ -254,6 +259,7 @@ def bench_decode(args, device, dtype, record: Callable[[dict], None], parts) -> 
                 "codes": len(codes),
                 "weights_gib": weights,
                 "plan": vars(decoder.vae.plan(len(codes) * 5)),
+                **warm,  # the decoder's, before its first row
             }
             start = time.perf_counter()
             for _ in range(args.warmup):
@@ -271,6 +277,14 @@ def bench_decode(args, device, dtype, record: Callable[[dict], None], parts) -> 
                 total_ms.append((time.perf_counter() - start) * 1000)
             row["decode_to_tensor"] = _stats(gpu_ms)
             row["codes_to_wav_bytes"] = _stats(total_ms)
+            audio = decoder.decode_tensor(codes)  # [2, T] on the device: the WAV step alone
+            wav_ms = []
+            for _ in range(args.repeat):
+                start = time.perf_counter()
+                pcm16_wav(audio)
+                wav_ms.append((time.perf_counter() - start) * 1000)
+            row["wav_only"] = _stats(wav_ms)
+            del audio
             row["wav_bytes"] = len(result.audio)
             row["memory"] = _mem(device)
             row["realtime_x"] = round(seconds / (statistics.median(total_ms) / 1000), 1)

@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, f
 import torch  # noqa: E402
 from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
-from hotstep_ray.training import lm_data, lm_loss, lm_vram  # noqa: E402
+from hotstep_ray.training import compiling, lm_data, lm_loss, lm_vram  # noqa: E402
 from hotstep_ray.training.optim import build_optimizer  # noqa: E402
 
 PEAK_FLOPS = 989e12  # H200 SXM dense bf16
@@ -85,6 +85,8 @@ CONFIGS: dict[str, tuple[str, int, str, str, str, str]] = {
     "song_ro": ("song", 1, "sdpa", "none", "adamw", "reduce-overhead"),
     "song_fit16_ro": ("song", 1, "sdpa", "fit16", "adamw", "reduce-overhead"),
     "pack4_varlen_ro": ("song", 4, "varlen", "none", "adamw", "reduce-overhead"),
+    "pack2_varlen_ro": ("song", 2, "varlen", "none", "adamw", "reduce-overhead"),
+    "song_ro_muon": ("song", 1, "sdpa", "none", "muon", "reduce-overhead"),
 }
 COMPILE_CHOICES = ("config", "off", "default", "reduce-overhead")
 
@@ -255,6 +257,7 @@ def run_config(
         for _ in range(2):
             step()
         sync(device)
+        compiling.release_cache(device, mode)  # as the trainers do once every shape is captured
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         times = []
@@ -395,7 +398,15 @@ def main() -> None:
         metavar="CONFIG",
         help="compiled configurations that also time one step on a 64-token wider row",
     )
+    parser.add_argument(
+        "--activation-budget",
+        type=float,
+        default=1.0,
+        help="activation memory budget of the compiled layers (`LmEngine.activation_budget`; "
+        "< 1: the partitioner recomputes the cheapest ops in the backward instead of saving them)",
+    )
     args = parser.parse_args()
+    compiling.set_activation_budget(args.activation_budget)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("lm_bench needs a CUDA GPU")
@@ -429,7 +440,7 @@ def main() -> None:
                     args.backend,
                     new_shape=name in args.new_shape,
                 )
-                row = {"size": size, **row}
+                row = {"size": size, **row, "activation_budget": args.activation_budget}
             except Exception as exc:  # one failing configuration must not stop the rest
                 row = {"size": size, "config": name, "error": repr(exc)[:500]}
                 traceback.print_exc()

@@ -81,11 +81,12 @@ def _actor_options(config: AuditionAppConfig, gpus: float) -> dict[str, Any]:
 @serve.deployment(name="CodesDecoder", max_ongoing_requests=16)
 class DecoderDeployment:
     def __init__(self, config: dict) -> None:
-        from hotstep_ray.audition.decode import CodesDecoder
+        from hotstep_ray.audition.serve_module import replica_codes_decoder
 
         cfg = AuditionAppConfig(**config)
         _torch_setup(cfg)
-        self.decoder = CodesDecoder.from_checkpoints(
+        # built and warmed: the tile window's CUDA graph is captured before the first request
+        self.decoder = replica_codes_decoder(
             cfg.checkpoints, dit=cfg.dit, device=cfg.device, dtype=cfg.dtype
         )
 

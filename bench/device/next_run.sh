@@ -1,23 +1,30 @@
 #!/bin/bash
-# What session 3 built but could not measure (its device minutes ran out), in priority order.
-# One `run`, carry [".device_wheels"], ~9 min; JSON lands in $OUT. Then, one `run` each:
-#   bash bench/device/lm_compile_run.sh   (issue 7: compiled LM layers, ~7 min)
-#   bash bench/device/lm_decode_run.sh    (issue 8: compiled planner decode step, <= 9.5 min)
-#   bash bench/device/calibrate_run.sh    (issue 12: seeds decoded together + DiT batch 3, ~5 min)
+# What session 4 built but could not measure, in priority order. One `run`, carry
+# [".device_wheels"], ~9 min (the timeouts); JSON and logs land in $OUT.
+#   1. issue 8: the WAV step of codes -> WAV alone (`wav_only`; 240 s was 154 ms with 114.6 ms of
+#      decode, goal 150) and reserved memory on a warmed decoder
+#   2. issue 5: preprocessing at the product default (one 1536-frame window per forward) with the
+#      cache released between stages, per-stage reserved memory (goal <= 8 GiB per actor)
+#   3. issue 6: 2B LoRA r64 at batch 2 and 3 with CUDA graphs at 6000 frames (goal 3000 audio-s/s
+#      within 24 GB), then XL with CUDA graphs (goal 1200)
+#   4. issue 8: the compiled planner step with a multiplexed LoRA (the goal holds "with adapters")
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .device_wheels/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-# issue 5: the new defaults (1536-frame windows + short tail, one window per forward, codes calls
-# of two songs) against 384-frame windows; reserved memory per case is now the case's own
-timeout 120 python3 bench/preprocess_bench.py --vae-paths fast-nhwc --vae-chunk 1536,384 --vae-batch-windows 1,4 --iters 2 --budget-s 100 --out $OUT/preprocess_defaults.json 2>&1 | tail -c 400
-# issue 8: 240 s decode reserved memory after returning the warm-up's side-stream cache
-timeout 80 python3 bench/audition_bench.py --sections decode --vae-configs fast-nhwc --decode-seconds 30,240 --repeat 5 --budget-s 60 --out $OUT/audition_decode.json 2>&1 | tail -c 300
-# issue 6: CUDA graphs with gradient accumulation (the trainer's default grad_accum 4) must give
-# the eager run's losses step by step (the "losses" field of both rows; bf16 rounding only)
-A="python3 bench/dit_bench.py --models 2b --adapters lora64 --crops 1504 --batches 2 --grad-accum 4 --steps 3 --warmup 2"
-timeout 45 $A --compile none --out $OUT/dit_accum_eager.json 2>&1 | grep '"step_ms"'
-timeout 100 $A --compile reduce-overhead --out $OUT/dit_accum_ro.json 2>&1 | grep '"step_ms"'
-# issue 6: the auto mode (CUDA graphs) for LoKR at batch 2, and XL
-B="python3 bench/dit_bench.py --steps 5 --warmup 2 --time-budget-s 90"
-timeout 100 $B --models 2b --adapters lokr512,lora64 --crops 6000 --batches 2 --compile reduce-overhead --out $OUT/dit_b2_ro.json 2>&1 | grep '"step_ms"'
-timeout 100 $B --models xl --adapters lora64 --crops 6000 --batches 1,2 --compile reduce-overhead --out $OUT/dit_xl_ro.json 2>&1 | grep '"step_ms"'
+timeout 70 python3 bench/audition_bench.py --sections decode --vae-configs fast-nhwc --decode-seconds 30,240 --repeat 5 --budget-s 50 --out $OUT/audition_decode.json > $OUT/decode.log 2>&1; echo "decode rc=$?"
+grep -oE '"(seconds|warm_s|reserved_after_warm_gib)": [0-9.]+|"(decode_to_tensor|codes_to_wav_bytes|wav_only)": \{"n": [0-9]+, "median_ms": [0-9.]+|"peak_reserved_gib": [0-9.]+|Traceback.*' $OUT/decode.log
+timeout 90 python3 bench/preprocess_bench.py --vae-paths fast-nhwc --vae-chunk 1536 --release-cache on,off --iters 2 --budget-s 75 --out $OUT/preprocess_release.json > $OUT/pre.log 2>&1; echo "preprocess rc=$?"
+B="python3 bench/dit_bench.py --steps 5 --warmup 2 --compile reduce-overhead"
+timeout 130 $B --time-budget-s 110 --models 2b --adapters lora64 --crops 6000 --batches 2,3 --out $OUT/dit_2b_ro.json 2>&1 | grep '"step_ms"'
+timeout 130 $B --time-budget-s 110 --models xl --adapters lora64 --crops 6000 --batches 1 --out $OUT/dit_xl_ro.json 2>&1 | grep '"step_ms"'
+timeout 100 python3 bench/audition_bench.py --sections lm --decode-modes compiled --lm-adapter --lm-seconds 30 --lm-repeat 2 --no-check-eager --budget-s 80 --out $OUT/audition_lm_adapter.json > $OUT/lm.log 2>&1; echo "planner rc=$?"
+grep -E '"section"|Traceback' $OUT/lm.log | cut -c1-500 | tail -4
+python3 - <<'PY'
+import json, os
+out = os.environ["OUT"]
+try:
+    for c in json.load(open(f"{out}/preprocess_release.json"))["cases"]:
+        print({k: c.get(k) for k in ("vae_batch_windows", "release_cache", "audio_s_per_gpu_s", "peak_reserved_gib", "reserved_after_batch_gib", "stage_reserved_gib", "stage_ms", "skipped")})
+except Exception as exc:
+    print("preprocess:", exc)
+PY

@@ -4,17 +4,19 @@ The HOT-Step "pure-LM preview" (`POST /codes-decode`): deterministic, no sampler
 Shapes: codes [T5] -> FSQ output [1, T5, 2048] -> latents [1, 5*T5, 64] -> audio [2, 5*T5*1920]
 float32 at 48 kHz stereo (one code = 0.2 s = 9600 samples).
 
-The VAE decode is tiled so a 10-minute song fits a few GiB: a clip up to `whole_max_frames` is
-decoded in one piece (exactly the plain diffusers decode); a longer one is cut into equal tiles
-(core a multiple of 32 frames, `overlap_frames` of context each side, clipped at the ends) decoded
-`tile_batch` at a time, each keeping only its core. With overlap >= the decoder's receptive field
-(about 8 frames) the result equals the whole decode. Interior tiles share one shape, so cuDNN
-autotuning and `torch.compile` see few shapes.
+The VAE decode is tiled so a 10-minute song fits a few GiB: a clip up to `whole_max_frames`
+(default: one tile) is decoded in one piece (exactly the plain diffusers decode); a longer one is
+cut into equal tiles (core a multiple of 32 frames, `overlap_frames` of context each side, clipped
+at the ends) decoded `tile_batch` at a time, each keeping only its core. With overlap >= the
+decoder's receptive field (about 8 frames) the result equals the whole decode. Interior tiles
+share one shape, so cuDNN autotuning and `torch.compile` see few shapes.
 
 The fast path (`fast=True`, the default on CUDA; `hotstep_ray.models.oobleck_fast`) folds weight
 norm, fuses each Snake into one kernel and replays a CUDA graph per window shape. It tiles with
 windows of exactly `tile_frames` (the last one flush with the clip's end, as the preprocessing
 encoder does), so every window of every long clip has one shape and one graph serves them all.
+`warm()` captures that window's graph first: all graphs share one memory pool, and the first
+(largest) capture sizes it, so shorter shapes captured later fit in its blocks.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ import math
 import struct
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -77,25 +80,34 @@ class TiledVaeDecoder:
         tile_frames: int = 768,
         overlap_frames: int = 32,
         tile_batch: int = 1,
-        whole_max_frames: int = 800,
+        whole_max_frames: int | None = None,
         compile: bool = False,
         fast: bool | None = None,
         fast_options: OobleckFastOptions | None = None,
     ) -> None:
         """`fast`: None = on for CUDA, off on the CPU. `fast_options` tune it (`compile` is
-        folded into them)."""
+        folded into them). `whole_max_frames`: longest clip decoded in one piece; None = one
+        tile. The fast path refuses more than `tile_frames`: its CUDA graphs share one pool
+        sized by the tile window (`warm`), which a longer whole decode would grow."""
         if tile_frames < _TILE_QUANTUM or overlap_frames < 0 or tile_batch < 1:
             raise ValueError("tile_frames >= 32, overlap_frames >= 0, tile_batch >= 1")
         if 2 * overlap_frames >= tile_frames:
             raise ValueError(f"tile_frames ({tile_frames}) must exceed 2 x overlap_frames")
+        param = next(vae.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        use_fast = fast_default(self.device) if fast is None else fast
+        whole_max = tile_frames if whole_max_frames is None else whole_max_frames
+        if use_fast and whole_max > tile_frames:
+            raise ValueError(
+                f"whole_max_frames ({whole_max}) must not exceed tile_frames ({tile_frames}) "
+                "on the fast path: no decode shape may be larger than the tile window"
+            )
         self.vae = vae.eval().requires_grad_(False)
         self.hop = int(np.prod(vae.config.downsampling_ratios))  # samples per latent frame
         self.tile_frames, self.overlap = tile_frames, overlap_frames
-        self.tile_batch, self.whole_max = tile_batch, whole_max_frames
-        param = next(vae.parameters())
-        self.device, self.dtype = param.device, param.dtype
+        self.tile_batch, self.whole_max = tile_batch, whole_max
         self.fast: FastOobleck | None = None
-        if fast_default(self.device) if fast is None else fast:
+        if use_fast:
             options = fast_options or OobleckFastOptions()
             if compile:
                 options = options.model_copy(update={"compile": True})
@@ -113,6 +125,27 @@ class TiledVaeDecoder:
         """The decode path, for logs and benchmark rows."""
         path = self.fast.describe() if self.fast else {"snake": "diffusers"}
         return {"fast": self.fast is not None, **path}
+
+    @torch.no_grad()
+    def warm(self) -> float:
+        """Capture the CUDA graph of the largest decode shape, [tile_batch, C, tile_frames]
+        zeros, now: it is decoded `capture_after` times (ShapeGraphs captures a shape on that
+        call). All graphs share one pool and the first capture sizes it, so every shorter
+        shape captured later (a whole short clip, a last partial batch) reuses its blocks; a
+        30 s clip (750 frames) captured before the 768-frame window nearly doubled the pool
+        (4.16 GiB reserved). Returns the seconds taken; 0.0 (nothing run) without graphs."""
+        if self.fast is None or not self.fast.uses_graphs:
+            return 0.0
+        start = time.perf_counter()
+        channels = int(self.vae.config.decoder_input_channels)
+        z = torch.zeros(
+            self.tile_batch, channels, self.tile_frames, device=self.device, dtype=self.dtype
+        )
+        for _ in range(max(1, self.fast.options.capture_after)):
+            self._decode(z)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - start
 
     def plan(self, frames: int) -> TilePlan:
         if frames <= self.whole_max:
@@ -210,6 +243,12 @@ class CodesDecoder:
         vae_model = load_vae(pick(checkpoints, "vae", vae).path, device, dtype)
         return cls(quantizer, detokenizer, vae_model, **options)
 
+    def warm(self) -> float:
+        """Capture the VAE's tile-window graph before the first request (TiledVaeDecoder.warm):
+        seconds taken, 0.0 on the CPU / without CUDA graphs."""
+        with self._lock:
+            return self.vae.warm()
+
     @torch.no_grad()
     def latents(self, codes: Sequence[int]) -> torch.Tensor:
         """Validated codes [T5] -> 25 Hz latents [1, 5 * T5, 64] (model dtype)."""
@@ -258,17 +297,35 @@ class CodesDecoder:
 
 
 def pcm16_wav(audio: torch.Tensor, sample_rate_hz: int = SAMPLE_RATE_HZ) -> bytes:
-    """[C, T] float audio -> 16-bit PCM WAV bytes. Clip, scale and interleave happen on the
-    audio's device, so only 2 bytes per sample cross to the host (a 240 s song: 46 MB)."""
-    channels = audio.shape[0]
-    pcm = (audio.float().clamp(-1.0, 1.0) * 32767.0).round().to(torch.int16)
-    pcm = pcm.T.contiguous()  # [T, C] interleaved, on the audio's device
-    size = pcm.numel() * 2
-    # One host buffer: the device copy lands straight after the 44-byte header, so a 240 s song
-    # (46 MB) is copied to the host once and into `bytes` once (no staging + concatenation).
-    out = np.empty(44 + size, dtype=np.uint8)
-    torch.from_numpy(out[44:]).view(torch.int16).view(pcm.shape).copy_(pcm)
-    header = struct.pack(
+    """[C, T] float audio -> 16-bit PCM WAV bytes. Clip, scale, round and interleave happen on
+    the audio's device, so only 2 bytes per sample cross to the host (a 240 s song: 46 MB); from
+    CUDA through a reused page-locked buffer, then one copy into the returned `bytes`."""
+    pcm = _pcm16(audio)
+    header = _wav_header(int(audio.shape[0]), sample_rate_hz, pcm.numel() * 2)
+    if pcm.device.type != "cuda":  # one copy: header + the int16 buffer (.cpu(): no-op on CPU)
+        return b"".join((header, pcm.cpu().numpy()))
+    return _pcm16_from_cuda(pcm, header)
+
+
+def _pcm16(audio: torch.Tensor) -> torch.Tensor:
+    """[C, T] float -> int16 [T, C] (interleaved) on the audio's device: clip to [-1, 1],
+    * 32767, round half to even (torch.round). The first op makes the only float32 temporary of
+    the audio's size (92 MB for 240 s); the rest run in place on it."""
+    if audio.dtype == torch.float32:
+        scaled = audio.clamp(-1.0, 1.0)
+    else:  # the float32 copy is the temporary; clip it in place (clip commutes with the cast)
+        scaled = audio.float().clamp_(-1.0, 1.0)
+    scaled.mul_(32767.0).round_()
+    pcm = torch.empty(audio.shape[1], audio.shape[0], dtype=torch.int16, device=audio.device)
+    # Cast and interleave in one pass, no int16 [C, T] in between; exact: whole numbers in
+    # [-32767, 32767]
+    pcm.T.copy_(scaled)
+    return pcm
+
+
+def _wav_header(channels: int, sample_rate_hz: int, size: int) -> bytes:
+    """The 44-byte RIFF header of a 16-bit PCM WAV with `size` bytes of samples."""
+    return struct.pack(
         "<4sI4s4sIHHIIHH4sI",
         b"RIFF",
         36 + size,
@@ -284,8 +341,50 @@ def pcm16_wav(audio: torch.Tensor, sample_rate_hz: int = SAMPLE_RATE_HZ) -> byte
         b"data",
         size,
     )
-    out[:44] = np.frombuffer(header, dtype=np.uint8)
-    return out.tobytes()
+
+
+@dataclass
+class _Staging:
+    """One CUDA device's page-locked host buffer (uint8) and the lock of whoever fills it."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    buffer: torch.Tensor | None = None
+
+
+_STAGING: dict[torch.device, _Staging] = {}
+_STAGING_LOCK = threading.Lock()  # guards _STAGING itself
+_STAGING_QUANTUM = 1 << 20  # buffers grow in whole MiB
+
+
+@contextmanager
+def _pinned(device: torch.device, size: int) -> Iterator[torch.Tensor]:
+    """A pinned host buffer of >= `size` bytes for `device`, held exclusively while in use.
+
+    Pageable destinations make CUDA copy through its own small pinned bounce buffer and fault
+    in fresh pages every call; a page-locked one is written by DMA at full bus speed. One per
+    device, grown to the longest song seen (600 s: 110 MiB) and never shrunk, so a replica
+    pins its longest WAV once."""
+    with _STAGING_LOCK:
+        staging = _STAGING.setdefault(device, _Staging())
+    with staging.lock:
+        if staging.buffer is None or staging.buffer.numel() < size:
+            staging.buffer = None  # the old pages go back before the bigger buffer is pinned
+            grown = -(-size // _STAGING_QUANTUM) * _STAGING_QUANTUM
+            staging.buffer = torch.empty(grown, dtype=torch.uint8, pin_memory=True)
+        yield staging.buffer
+
+
+def _pcm16_from_cuda(pcm: torch.Tensor, header: bytes) -> bytes:
+    """int16 [T, C] on a CUDA device -> header + its bytes, through the device's pinned buffer."""
+    size = pcm.numel() * 2
+    with _pinned(pcm.device, size) as buffer:
+        host = buffer[:size]
+        host.view(torch.int16).view(pcm.shape).copy_(pcm, non_blocking=True)
+        # Wait for this stream's copy only (not the whole device: other replicas share it).
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(pcm.device))
+        done.synchronize()
+        return b"".join((header, host.numpy()))  # the one host copy, before the buffer is reused
 
 
 def encode(audio: torch.Tensor, fmt: str) -> bytes:

@@ -495,8 +495,10 @@ class ShapeGraphs:
     calls run eagerly, so a one-off shape costs no capture); later calls copy the input into
     the static buffer and replay. The result is a fresh tensor (the static
     output is overwritten by the next replay). All graphs share one memory pool, which is safe
-    because replays never overlap (one lock). Beyond `max_graphs` shapes, or when capture
-    fails, `fn` runs eagerly."""
+    because replays never overlap (one lock). The first capture sizes that pool and later ones
+    reuse its free blocks, so a caller captures its largest shape first (TiledVaeDecoder.warm):
+    a larger shape captured later needs bigger blocks and grows the pool. Beyond `max_graphs`
+    shapes, or when capture fails, `fn` runs eagerly."""
 
     def __init__(
         self,
@@ -525,7 +527,10 @@ class ShapeGraphs:
                     or len(self.graphs) >= self.max_graphs
                     or self.seen[key] < self.capture_after
                 ):
-                    return self.fn(x)
+                    out = self.fn(x)
+                    if self.seen[key] == 1:
+                        self._release_cache(x.device)
+                    return out
                 try:
                     self._capture(key, x)
                 except Exception as exc:  # an optimisation: never fail the decode for it
@@ -557,6 +562,15 @@ class ShapeGraphs:
         # (a 240 s decode reserved 4.16 GiB for 0.95 GiB allocated; goal <= 4 GiB per replica).
         torch.cuda.synchronize(x.device)
         torch.cuda.empty_cache()
+
+    @staticmethod
+    def _release_cache(device: torch.device) -> None:
+        """After a new shape's first (eager) call: its activations, now free, stay cached in the
+        normal pool, where nothing but another eager call reuses them; once the shape is
+        captured its replays use the graph pool, so a replica would hold one window of
+        activations in each. Give them back (once per shape: empty_cache syncs the device)."""
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 # ----------------------------------------------------------------------------- the wrapper

@@ -45,6 +45,10 @@ class EncoderSettings:
     max_lyric_tokens: int = 2048
     vae_batch_frames: int = VAE_BATCH_FRAMES
     seed: int = 0  # posterior-noise seed, mixed with each sample id
+    # CUDA: hand the caching allocator's unused blocks back after the VAE and codes stages, so
+    # an actor reserves about its largest stage instead of the sum of all (no-op on the CPU;
+    # outputs are unchanged either way).
+    release_cache_between_stages: bool = True
 
 
 def noise_seed(seed: int, sample_id: str) -> int:

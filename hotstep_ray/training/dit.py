@@ -401,7 +401,7 @@ def prepare(
         events=events if settings.rank == 0 else None,
         params=[param for _, param in trainable],
     )
-    mode = with_graphs(settings.compile or options.compile, mode, fit.ckpt_layers)
+    mode = compiling.with_graphs(settings.compile or options.compile, mode, fit.ckpt_layers)
     if mode != "off":
         compile_blocks(models.transformer, mode)
         _log(
@@ -416,21 +416,10 @@ def prepare(
 
 def compile_mode(requested: str, device: torch.device) -> str:
     """`auto` is `default` on CUDA (H200, 2B LoRA r64, 6000 frames: 529 -> 216 ms per step;
-    `with_graphs` then adds CUDA graphs when nothing is checkpointed) and `off` elsewhere;
+    `compiling.with_graphs` then adds CUDA graphs when nothing is checkpointed) and `off` elsewhere;
     compiling is refused off CUDA (`training.compiling`). Compiled CUDA code matches eager (8e-7
     in float32; bench/dit_compile_check.py)."""
     return compiling.resolve_mode(requested, device, "the DiT blocks")
-
-
-def with_graphs(requested: str, mode: str, ckpt_layers: int) -> str:
-    """`auto` on CUDA adds CUDA graphs ("reduce-overhead") when no layer is checkpointed: the
-    compiled step is still launch-bound (H200, 2B LoRA r64, 6000 frames: 216 -> 154-158 ms at
-    batch 1, 257 -> 204 ms at batch 2, within 12.2 / 20.1 GiB reserved; docs/BENCHMARKS.md).
-    Checkpointed layers re-run their forward inside the backward, which CUDA-graph trees do not
-    capture cleanly, so those runs keep plain compiled blocks."""
-    if requested == "auto" and mode == "default" and ckpt_layers == 0:
-        return "reduce-overhead"
-    return mode
 
 
 def compile_blocks(transformer: torch.nn.Module, mode: str, backend: str = "inductor") -> None:
@@ -704,6 +693,7 @@ def train(
     if "train" not in options.stages:
         state.stop_reason = "skipped"
     last_event = 0.0
+    released = False  # the warm-up caches of the CUDA graphs, after this process's first epoch
     while not state.stop_reason:
         plan = epoch_windows(run, state.epoch)
         while state.window < len(plan):
@@ -729,6 +719,9 @@ def train(
         if state.stop_reason:
             break
         end_epoch(run)
+        if not released:  # every micro-batch shape (the epoch's short tail too) is captured
+            compiling.release_cache(run.device, run.compile)
+            released = True
     return finish(run)
 
 

@@ -19,7 +19,7 @@ from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog, MetricEvent
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.models.acestep_dit import load_acestep_dit
-from hotstep_ray.training import adapters, dit, dit_data, dit_loss, export
+from hotstep_ray.training import adapters, compiling, dit, dit_data, dit_loss, export
 from hotstep_ray.training.checkpoint import read_manifest
 
 
@@ -233,10 +233,10 @@ def test_compile_mode_resolution() -> None:
     assert dit.compile_mode("reduce-overhead", cuda) == "reduce-overhead"
     assert dit.compile_mode("off", cpu) == "off"
     # auto adds CUDA graphs only when nothing is checkpointed; an explicit mode is kept as asked
-    assert dit.with_graphs("auto", "default", ckpt_layers=0) == "reduce-overhead"
-    assert dit.with_graphs("auto", "default", ckpt_layers=3) == "default"
-    assert dit.with_graphs("default", "default", ckpt_layers=0) == "default"
-    assert dit.with_graphs("auto", "off", ckpt_layers=0) == "off"
+    assert compiling.with_graphs("auto", "default", ckpt_layers=0) == "reduce-overhead"
+    assert compiling.with_graphs("auto", "default", ckpt_layers=3) == "default"
+    assert compiling.with_graphs("default", "default", ckpt_layers=0) == "default"
+    assert compiling.with_graphs("auto", "off", ckpt_layers=0) == "off"
     with pytest.raises(InputError, match="needs a CUDA device"):
         dit.compile_mode("default", cpu)
     with pytest.raises(InputError, match="max-autotune"):

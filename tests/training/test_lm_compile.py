@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch._dynamo as dynamo
+import torch._functorch.config as functorch_config
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
@@ -21,7 +22,7 @@ from hotstep_ray.core.contracts import TrainLmOptions
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.models.tiny_tree import write_tiny_lm
-from hotstep_ray.training import adapters, lm, lm_data, lm_loss
+from hotstep_ray.training import adapters, compiling, lm, lm_data, lm_loss
 from hotstep_ray.training.adapters import AdapterSpec
 
 VOCAB = 96
@@ -33,12 +34,14 @@ def fresh_dynamo():
     """One thread (2-core box, see test_lm_loss.py) and an empty dynamo cache per test: the
     compiled layers of one test must not serve, or count against, another's."""
     before = torch.get_num_threads()
+    budget = functorch_config.activation_memory_budget  # process-wide: set by compiled setups
     torch.set_num_threads(1)
     dynamo.reset()
     dynamo.utils.counters.clear()
     yield
     dynamo.reset()
     torch.set_num_threads(before)
+    functorch_config.activation_memory_budget = budget
 
 
 def _tiny_qwen3(attention: str = "sdpa", checkpointed: int = 0, layers: int = 2):
@@ -257,7 +260,10 @@ def test_compile_modes_resolve_per_device_and_the_cpu_is_refused():
     # saved specs from before the modes: compile true/false
     assert lm.LmEngine(compile=True).compile == "default"
     assert lm.LmEngine(compile=False).compile == "off"
-    assert lm.LmEngine().compile == "off"
+    assert lm.LmEngine().compile == "auto"  # reduce-overhead on CUDA (with_graphs), off on CPUs
+    assert compiling.with_graphs("auto", "default", ckpt_layers=0) == "reduce-overhead"
+    assert compiling.with_graphs("auto", "default", ckpt_layers=2) == "default"
+    assert compiling.with_graphs("reduce-overhead", "reduce-overhead", 2) == "reduce-overhead"
     # padding: 64-token rows when compiled unless the engine says otherwise
     assert lm.row_multiple(lm.LmEngine(), compiled=True) == lm_loss.COMPILE_PAD_MULTIPLE == 64
     assert lm.row_multiple(lm.LmEngine(), compiled=False) == 1
@@ -329,8 +335,11 @@ def test_a_compiled_training_run_equals_the_eager_run(tiny, eager_run, mode, mon
 
     monkeypatch.setattr(lm, "compile_mode", lambda requested, device: requested)
     monkeypatch.setattr(lm_loss, "compile_layers", on_cpu)
+    functorch_config.activation_memory_budget = 1.0
     setup = lm.setup_lm(_run_spec(folder, mode, mode), storage)
     assert setup.compile == mode and setup.pad_multiple == 64
+    # the engine's budget reaches AOTAutograd's partitioner before any graph is partitioned
+    assert functorch_config.activation_memory_budget == lm.LmEngine().activation_budget == 0.8
     shapes = {(len(g), lm_data.row_width(setup.examples, g, 64)) for g in setup.groups}
     assert len(shapes) >= 2 and all(width % 64 == 0 for _, width in shapes)
     params = [p for _, p in adapters.trainable_parameters(setup.model)]
@@ -348,3 +357,26 @@ def test_a_compiled_training_run_equals_the_eager_run(tiny, eager_run, mode, mon
         assert [p.grad.data_ptr() for p in params] == buffers
     log = lm.train_log(setup, state)
     assert log["config"]["compile"] == mode and log["config"]["pad_multiple"] == 64
+
+
+def test_activation_budget_is_validated_and_set_process_wide():
+    compiling.set_activation_budget(0.5)
+    assert functorch_config.activation_memory_budget == 0.5
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="activation budget"):
+            compiling.set_activation_budget(bad)
+    assert functorch_config.activation_memory_budget == 0.5  # a refused value changes nothing
+    with pytest.raises(ValueError):  # the engine refuses it before anything runs
+        lm.LmEngine(activation_budget=0)
+
+
+def test_the_graph_warm_up_cache_is_released_only_on_cuda_with_graphs(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("sync"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
+    cuda = torch.device("cuda")
+    compiling.release_cache(cuda, "reduce-overhead")
+    assert calls == ["sync", "empty"]
+    compiling.release_cache(cuda, "default")  # no graph pool next to the normal one
+    compiling.release_cache(torch.device("cpu"), "reduce-overhead")
+    assert calls == ["sync", "empty"]
