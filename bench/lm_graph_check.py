@@ -57,7 +57,7 @@ def spec(folder: Path, mode: str, epochs: int, device: str, lr: float) -> lm.LmT
         lm_dir=str(folder),
         codes_key=CODES_KEY,
         artist="band",
-        engine=lm.LmEngine(device=device, compile=mode, checkpointing="none"),
+        engine=lm.LmEngine(device=device, compile=mode, checkpointing="none", pad_multiple=64),
         run_key=f"adapters/lm-06b/band/{mode}",
     )
 

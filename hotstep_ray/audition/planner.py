@@ -5,6 +5,9 @@ emitted, exactly int(duration * 5) of them, then `<|im_end|>` is forced. Samplin
 request's temperature / top-p / top-k / CFG and one explicit `lm_seed` (a torch generator drives
 phase 1 then phase 2), so a side is reproducible from its receipt.
 
+`warm` builds and prepares (compiles/captures) the steppers a 30 s and a 240 s request would use,
+so a Serve replica pays that at start, not in its first requests.
+
 `generate_batch` decodes the phase 2 of several requests sharing a model and sampling params
 together (rows [cond_1..cond_N, uncond_1..uncond_N], a generator per request): for throughput
 (calibration), not for `/lm`, whose codes must match a single-request run (see `plan_batch`).
@@ -53,6 +56,7 @@ from hotstep_ray.models import prompts
 from hotstep_ray.models.lm_tokenizer import (
     AUDIO_CODE_BASE_ID,
     IM_END_ID,
+    PAD_ID,
     THINK_END_ID,
     load_tokenizer,
 )
@@ -63,6 +67,12 @@ _KEYSCALE = re.compile(r"^[A-G](#|b|♯|♭)? (major|minor)$")
 _LANGUAGE = re.compile(r"^([a-z]{2,3}|unknown)$")
 T = TypeVar("T")
 SAMPLING_FIELDS = {f.name for f in dataclasses.fields(Sampling)}  # request fields the sampler reads
+# `warm`: caption and lyrics tokens assumed on top of the phase-2 prompt's template and CoT (which
+# `_warm_rows` renders exactly). With the LM tokenizer a 60-word caption (written twice: user turn
+# and CoT) and a 4-minute song's lyrics (40 lines, ~1,850 characters) add ~530 to the ~70 of the
+# template and CoT. Any prompt up to ~850 tokens puts 30 s (150 codes) in the 1024 bucket and
+# 240 s (1,200 codes) in the 2048 one: those measured on an H200 for real 30 s and 240 s songs.
+WARM_TEXT_TOKENS = 512
 
 
 def shared_copy(module: torch.nn.Module, share: Iterable[object] = ()) -> torch.nn.Module:
@@ -230,18 +240,61 @@ class PlannerLM:
         return self._adapters.ids
 
     # -- generation ---------------------------------------------------------------------------
-    def _stepper(self, loaded: LoadedLm, prompts_ids: list[list[int]], new: int) -> Stepper:
-        """The step engine for these rows: eager steppers grow; static ones are kept per
-        (rows, cache bucket), so a request's numerics never depend on earlier requests."""
+    def _stepper_key(self, prompts_ids: list[list[int]], new: int) -> tuple[int, int]:
+        """(rows, static cache bucket); the bucket is 0 for eager steppers."""
         size = 0
         if self.decode_mode != "eager":
             size = static_bucket(max(len(r) for r in prompts_ids) + new + 1)
-        key = (len(prompts_ids), size)
+        return len(prompts_ids), size
+
+    def _stepper(self, loaded: LoadedLm, prompts_ids: list[list[int]], new: int) -> Stepper:
+        """The step engine for these rows: eager steppers grow; static ones are kept per
+        (rows, cache bucket), so a request's numerics never depend on earlier requests."""
+        key = self._stepper_key(prompts_ids, new)
         if key not in loaded.steppers:
             loaded.steppers[key] = Stepper(
-                loaded.model, self.decode_mode, max_len=size, compile_mode=self.compile_mode
+                loaded.model, self.decode_mode, max_len=key[1], compile_mode=self.compile_mode
             )
         return loaded.steppers[key]
+
+    @torch.no_grad()
+    def warm(
+        self, seconds: Iterable[float] = (30.0, 240.0), cfg: bool = True
+    ) -> dict[tuple[int, int], float]:
+        """Build and prepare (`Stepper.prepare`: allocate, compile, capture) the base LM's phase-2
+        steppers that a request of each duration would use: 2 rows with CFG (cond, uncond), 1
+        without, in the bucket of a typical prompt (`WARM_TEXT_TOKENS`). A request landing
+        there then only prefills and replays. Phase 1 (the CoT, 384 tokens by default) of a
+        typical prompt lands in the 30 s bucket; batches (2N rows) and adapters are not warmed.
+
+        Nothing a request computes changes (a prepared stepper is left as a fresh one, no
+        generator is drawn from). Returns the seconds spent per stepper key (rows, bucket); {}
+        for the eager engine, which has nothing to prepare."""
+        report: dict[tuple[int, int], float] = {}
+        if self.decode_mode == "eager":
+            return report
+        with self._lock:
+            for duration in seconds:
+                rows = self._warm_rows(duration, cfg)
+                key = self._stepper_key(rows, _code_count(duration))
+                if key in report:
+                    continue
+                start = time.perf_counter()
+                self._stepper(self.base, rows, _code_count(duration)).prepare(len(rows))
+                report[key] = round(time.perf_counter() - start, 3)
+        return report
+
+    def _warm_rows(self, seconds: float, cfg: bool) -> list[list[int]]:
+        """Stand-ins for the phase-2 prompts of a typical request of `seconds`: the cond prompt
+        rendered with every meta set, an empty caption and no lyrics, then `WARM_TEXT_TOKENS` pad
+        ids for them; the uncond prompt as rendered. Only their count and lengths are used."""
+        meta = {"bpm": 120, "keyscale": "C major", "timesignature": "4", "language": "en"}
+        cot = prompts.format_cot({**meta, "duration": int(seconds), "caption": ""})
+        frame = self._ids(prompts.build_lm_phase2_prompt(self.tokenizer, "", "", cot))
+        rows = [frame + [PAD_ID] * WARM_TEXT_TOKENS]
+        if cfg:
+            rows.append(self._ids(prompts.build_lm_phase2_uncond_prompt(self.tokenizer)))
+        return rows
 
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -433,7 +486,7 @@ class PlannerLM:
             )
         meta = {**planned, **{k: v for k, v in user.items() if k != "duration"}}
         duration = request.duration or planned.get("duration") or DEFAULT_DURATION_S
-        count = max(1, int(duration * CODE_HZ))
+        count = _code_count(duration)
         meta["duration"] = int(duration) if float(duration).is_integer() else duration
         meta["caption"] = caption
         meta["language"] = request.language or planned.get("language") or "en"
@@ -501,6 +554,11 @@ class PlannerLM:
             self._finish(job, out, own + batch_s * job.count / total)
             for job, out, own in zip(jobs, codes, prepared_s, strict=True)
         ]
+
+
+def _code_count(duration: float) -> int:
+    """Codes phase 2 emits for `duration` seconds (at least one)."""
+    return max(1, int(duration * CODE_HZ))
 
 
 def _sampling(request: LmRequest) -> Sampling:

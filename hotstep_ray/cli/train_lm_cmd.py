@@ -145,7 +145,9 @@ def run(
         "recomputed): less memory for a little time.",
     ),
     pad_multiple: int = typer.Option(
-        0, help="Round row widths up to this many tokens (0 = 64 when compiled, else 1)."
+        0,
+        help="Round row widths up to this many tokens (0 = when compiled, 64-512 chosen to "
+        "balance compiles against padding; else 1).",
     ),
     device: str = typer.Option("", help="cuda, cuda:1, cpu (default: cuda when present)."),
     resume: str = typer.Option("", help="Continue the checkpoint of this run folder (no Ray)."),

@@ -77,8 +77,10 @@ class LmEngine(BaseModel):
     device: str = ""  # "" = cuda when present, else cpu
     batching: data.Batching = "single"  # single | bucket (options.batch songs) | pack
     pack_tokens: int = Field(default=0, ge=0)  # row capacity when packing; 0 = 8192 or longest
-    # Round row widths up to a multiple of this (fewer compiled shapes); 0 = 64 when the layers
-    # are compiled, else 1. Pads are never targets and no real token attends to them.
+    # Round row widths up to a multiple of this (fewer compiled shapes); 0 = when the layers are
+    # compiled, the multiple of 64-512 that minimises compiles + padding over the run's epochs
+    # (`lm_data.pick_pad_multiple`), else 1. Pads are never targets and no real token attends to
+    # them.
     pad_multiple: int = Field(default=0, ge=0)
     checkpointing: str = "auto"  # auto | none | full | <layers>
     ce_chunk: int = Field(default=lm_loss.DEFAULT_CE_CHUNK, ge=1)
@@ -361,8 +363,9 @@ def compile_mode(requested: str, device: torch.device) -> str:
 
 def row_multiple(engine: LmEngine, compiled: bool) -> int:
     """Row widths round up to this: the engine's `pad_multiple`, else 64 tokens when the layers
-    are compiled (each new width is a new graph) and 1 (no padding beyond the longest row) when
-    they run eagerly."""
+    are compiled (each new width is a new graph; `setup_lm` may then coarsen it with
+    `lm_data.pick_pad_multiple`) and 1 (no padding beyond the longest row) when they run
+    eagerly."""
     if engine.pad_multiple:
         return engine.pad_multiple
     return lm_loss.COMPILE_PAD_MULTIPLE if compiled else 1
@@ -533,6 +536,9 @@ def setup_lm(
 
     # Data, then the memory plan for the largest micro-batch.
     plan = plan_data(spec, storage, tokenizer, dims, options, budget, pad)
+    if mode != "off" and not engine.pad_multiple:  # compiled, width multiple left to us
+        pad = data.pick_pad_multiple(plan.examples, plan.groups, options.epochs)
+        plan.step_tokens = max(len(g) * data.row_width(plan.examples, g, pad) for g in plan.groups)
     vram = _checkpoint_layers(
         engine,
         dims,

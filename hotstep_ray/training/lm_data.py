@@ -622,6 +622,41 @@ def row_width(examples: Sequence[LmExample], group: Group, pad_multiple: int = 1
     return math.ceil(longest / pad_multiple) * pad_multiple
 
 
+# What one more compiled row width costs, in training tokens: H200, 4B LoRA r16, reduce-overhead,
+# 13.7 s to compile a new width at 18,300 tokens/s (docs/BENCHMARKS.md, sixth device run). Smaller
+# LMs train more tokens per second for a similar compile, so this undercharges them: it errs
+# towards more widths, the choice that wastes no compute.
+COMPILE_COST_TOKENS = 250_000
+PAD_MULTIPLES = (64, 128, 256, 512)  # candidate row-width multiples when the layers compile
+
+
+def compiled_shapes(
+    examples: Sequence[LmExample], groups: Sequence[Group], pad_multiple: int
+) -> set[tuple[int, int]]:
+    """The distinct `[R, T]` micro-batch shapes of `groups`: one compile (and graph) each."""
+    return {(len(g), row_width(examples, g, pad_multiple)) for g in groups}
+
+
+def pick_pad_multiple(
+    examples: Sequence[LmExample],
+    groups: Sequence[Group],
+    epochs: int,
+    candidates: Sequence[int] = PAD_MULTIPLES,
+    compile_cost_tokens: int = COMPILE_COST_TOKENS,
+) -> int:
+    """The row-width multiple of a compiled run: the one that minimises compile time plus the
+    padded tokens of `epochs` epochs, both in tokens. Coarser multiples mean fewer widths to
+    compile but more padding in every step: a short run of songs of assorted lengths takes
+    256 (a few compiles), a long run keeps 64. Ties go to the smaller multiple."""
+
+    def cost(multiple: int) -> int:
+        shapes = len(compiled_shapes(examples, groups, multiple))
+        tokens = sum(len(g) * row_width(examples, g, multiple) for g in groups)
+        return shapes * compile_cost_tokens + epochs * tokens
+
+    return min(sorted(candidates), key=cost)
+
+
 def collate(
     examples: Sequence[LmExample],
     group: Group,

@@ -308,7 +308,9 @@ def _run_spec(folder: Path, run: str, compile: str) -> lm.LmTrainSpec:
         lm_dir=str(folder),
         codes_key=CODES_KEY,
         artist="band",
-        engine=lm.LmEngine(device="cpu", compile=compile, checkpointing="1"),
+        # 64 pinned: several row widths (several graphs); left at 0, a 2-epoch run of short
+        # songs coarsens to one width (`lm_data.pick_pad_multiple`)
+        engine=lm.LmEngine(device="cpu", compile=compile, checkpointing="1", pad_multiple=64),
         run_key=f"adapters/lm-06b/band/{run}",
     )
 
@@ -380,3 +382,22 @@ def test_the_graph_warm_up_cache_is_released_only_on_cuda_with_graphs(monkeypatc
     compiling.release_cache(cuda, "default")  # no graph pool next to the normal one
     compiling.release_cache(torch.device("cpu"), "reduce-overhead")
     assert calls == ["sync", "empty"]
+
+
+def test_a_compiled_run_picks_its_row_width_multiple(tiny, monkeypatch):
+    """Left to the trainer (pad_multiple 0), a compiled run weighs compiles against padding:
+    two epochs of six short songs compile one width instead of several, and the memory plan
+    sizes the coarser rows."""
+    folder, storage = tiny
+    monkeypatch.setattr(lm, "compile_mode", lambda requested, device: requested)
+    monkeypatch.setattr(lm_loss, "compile_layers", lambda layers, mode: None)
+    spec = _run_spec(folder, "picked", "default")
+    spec = spec.model_copy(update={"engine": spec.engine.model_copy(update={"pad_multiple": 0})})
+    setup = lm.setup_lm(spec, storage)
+    fine = lm_data.compiled_shapes(setup.examples, setup.groups, 64)
+    picked = lm_data.compiled_shapes(setup.examples, setup.groups, setup.pad_multiple)
+    assert setup.pad_multiple > 64 and len(picked) < len(fine)
+    widest = max(
+        len(g) * lm_data.row_width(setup.examples, g, setup.pad_multiple) for g in setup.groups
+    )
+    assert setup.vram.tokens == widest

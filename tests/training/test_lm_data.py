@@ -205,3 +205,32 @@ def test_rows_in_the_preprocess_format_train_with_their_own_tag_and_repeat(token
     texts = [tokenizer.decode(e.input_ids) for e in plan.examples]
     assert "# Caption\nmine, warm rhodes\n" in texts[0] and "# Caption\nmine, c\n" in texts[-1]
     assert plan.trigger == "mine" and plan.step_tokens == max(e.length for e in plan.examples)
+
+
+def _songs_of(lengths: list[int]) -> tuple[list[D.LmExample], list[D.Group]]:
+    """One example per length, one single-song micro-batch per example."""
+    examples = [D.LmExample(f"s{i}", (1,) * n, 1, n, 0) for i, n in enumerate(lengths)]
+    return examples, [((i,),) for i in range(len(examples))]
+
+
+# 17 songs of 1,230-1,790 tokens (a 240 s song is ~1,700): 9 widths at 64, 5 at 128, 2 at 512
+ASSORTED = [1230 + 35 * i for i in range(17)]
+
+
+def test_a_short_compiled_run_trades_padding_for_fewer_compiles():
+    examples, groups = _songs_of(ASSORTED)
+    assert len(D.compiled_shapes(examples, groups, 64)) == 9
+    # the seed's run (29 epochs): 7 fewer compiles (~96 s on an H200) outweigh 15% more tokens
+    picked = D.pick_pad_multiple(examples, groups, epochs=29)
+    assert picked == 512 and len(D.compiled_shapes(examples, groups, picked)) == 2
+    # a long run of the same songs pays the padding every epoch: finer widths win
+    assert D.pick_pad_multiple(examples, groups, epochs=2000) == 128
+    assert D.pick_pad_multiple(examples, groups, epochs=100_000) == 64
+
+
+def test_pick_pad_multiple_prefers_the_smaller_multiple_on_a_tie():
+    examples, groups = _songs_of([1024, 1024, 2048])  # whole multiples of every candidate
+    assert D.pick_pad_multiple(examples, groups, epochs=5) == 64
+    # free compiles: padding alone decides, and a 64-multiple never pads more than a coarser one
+    examples, groups = _songs_of(ASSORTED)
+    assert D.pick_pad_multiple(examples, groups, epochs=1, compile_cost_tokens=0) == 64
