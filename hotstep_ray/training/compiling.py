@@ -38,13 +38,15 @@ def resolve_mode(requested: str, device: torch.device, what: str) -> str:
     return requested
 
 
-def with_graphs(requested: str, mode: str, ckpt_layers: int) -> str:
+def with_graphs(requested: str, mode: str, ckpt_layers: int, ddp: bool = False) -> str:
     """`auto` on CUDA adds CUDA graphs ("reduce-overhead") when no layer is checkpointed: both
     compiled steps are still launch-bound (H200, docs/BENCHMARKS.md: 2B DiT LoRA r64 at 6000
     frames 216 -> 154-158 ms at batch 1; 4B LM LoRA r16 on a 1700-token song 166 -> 93 ms).
     Checkpointed layers re-run their forward inside the backward, which CUDA-graph trees do not
-    capture cleanly, so those runs keep plain compiled modules."""
-    if requested == "auto" and mode == "default" and ckpt_layers == 0:
+    capture cleanly, so those runs keep plain compiled modules. So do `ddp` runs (torch's
+    DistributedDataParallel reducing inside the backward, the LM trainer's multi-GPU path): that
+    pairing has not run on a GPU here; the DiT's ranks all-reduce after the backward instead."""
+    if requested == "auto" and mode == "default" and ckpt_layers == 0 and not ddp:
         return "reduce-overhead"
     return mode
 

@@ -86,7 +86,8 @@ class LmEngine(BaseModel):
     ce_chunk: int = Field(default=lm_loss.DEFAULT_CE_CHUNK, ge=1)
     attention: str = "sdpa"  # sdpa | varlen | flex_attention | eager
     # torch.compile of each decoder layer (`compile_mode`): auto = reduce-overhead (Inductor +
-    # CUDA graphs) on CUDA when no layer is checkpointed, default when some are, off on the CPU.
+    # CUDA graphs) on one CUDA GPU when no layer is checkpointed, default when some are or under
+    # DDP (`compiling.with_graphs`), off on the CPU.
     # H200, 4B LoRA r16, a 1700-token song: 294 ms eager -> 93-95 ms per step; the first step of
     # each new row width compiles (17-19 s, then about 14 s per further width; docs/BENCHMARKS.md).
     compile: CompileMode = "auto"
@@ -548,7 +549,7 @@ def setup_lm(
         **_fit_kwargs(options, engine, dims),
     )
 
-    mode = compiling.with_graphs(engine.compile, mode, vram.checkpointed_layers)
+    mode = compiling.with_graphs(engine.compile, mode, vram.checkpointed_layers, ddp=world > 1)
 
     # Adapter (seeded init), optional start weights, runtime switches.
     torch.manual_seed(options.seed)

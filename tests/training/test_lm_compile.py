@@ -264,6 +264,7 @@ def test_compile_modes_resolve_per_device_and_the_cpu_is_refused():
     assert compiling.with_graphs("auto", "default", ckpt_layers=0) == "reduce-overhead"
     assert compiling.with_graphs("auto", "default", ckpt_layers=2) == "default"
     assert compiling.with_graphs("reduce-overhead", "reduce-overhead", 2) == "reduce-overhead"
+    assert compiling.with_graphs("auto", "default", ckpt_layers=0, ddp=True) == "default"
     # padding: 64-token rows when compiled unless the engine says otherwise
     assert lm.row_multiple(lm.LmEngine(), compiled=True) == lm_loss.COMPILE_PAD_MULTIPLE == 64
     assert lm.row_multiple(lm.LmEngine(), compiled=False) == 1
