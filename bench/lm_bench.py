@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, f
 import torch  # noqa: E402
 from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
-from hotstep_ray.training import compiling, lm_data, lm_loss, lm_vram  # noqa: E402
+from hotstep_ray.training import compiling, lm, lm_data, lm_loss, lm_vram  # noqa: E402
 from hotstep_ray.training.optim import build_optimizer  # noqa: E402
 
 PEAK_FLOPS = 989e12  # H200 SXM dense bf16
@@ -401,9 +401,10 @@ def main() -> None:
     parser.add_argument(
         "--activation-budget",
         type=float,
-        default=1.0,
-        help="activation memory budget of the compiled layers (`LmEngine.activation_budget`; "
-        "< 1: the partitioner recomputes the cheapest ops in the backward instead of saving them)",
+        default=lm.LmEngine.model_fields["activation_budget"].default,
+        help="activation memory budget of the compiled layers (default: the trainer's, "
+        "`LmEngine.activation_budget`; < 1: the partitioner recomputes the cheapest ops in the "
+        "backward instead of saving them; BENCHMARKS rows say which they used)",
     )
     args = parser.parse_args()
     compiling.set_activation_budget(args.activation_budget)
