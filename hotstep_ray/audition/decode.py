@@ -13,8 +13,9 @@ share one shape, so cuDNN autotuning and `torch.compile` see few shapes.
 
 The fast path (`fast=True`, the default on CUDA; `hotstep_ray.models.oobleck_fast`) folds weight
 norm, fuses each Snake into one kernel and replays a CUDA graph per window shape. It tiles with
-windows of exactly `tile_frames` (the last one flush with the clip's end, as the preprocessing
-encoder does), so every window of every long clip has one shape and one graph serves them all.
+windows of exactly `tile_frames` but the last, which ends flush with the clip and holds only its
+core and left context, rounded up to `tail_step` frames (as the preprocessing encoder does): one
+graph serves every full window of every long clip, and a few more the tails.
 `warm()` captures that window's graph first: all graphs share one memory pool, and the first
 (largest) capture sizes it, so shorter shapes captured later fit in its blocks.
 """
@@ -53,7 +54,7 @@ from hotstep_ray.models.oobleck_fast import (
     fold_weight_norm,
 )
 from hotstep_ray.models.text_models import load_vae
-from hotstep_ray.preprocess.vae_tiles import plan_windows
+from hotstep_ray.preprocess.vae_tiles import TAIL_STEP, Window, plan_windows
 
 SAMPLE_RATE_HZ = 48_000
 FORMATS = {"wav": "WAV", "flac": "FLAC"}
@@ -78,9 +79,10 @@ class TiledVaeDecoder:
         vae: torch.nn.Module,
         *,
         tile_frames: int = 768,
-        overlap_frames: int = 32,
+        overlap_frames: int = 16,  # 2x the decoder's receptive field (~8 frames)
         tile_batch: int = 1,
         whole_max_frames: int | None = None,
+        tail_step: int = TAIL_STEP,
         compile: bool = False,
         fast: bool | None = None,
         fast_options: OobleckFastOptions | None = None,
@@ -88,9 +90,12 @@ class TiledVaeDecoder:
         """`fast`: None = on for CUDA, off on the CPU. `fast_options` tune it (`compile` is
         folded into them). `whole_max_frames`: longest clip decoded in one piece; None = one
         tile. The fast path refuses more than `tile_frames`: its CUDA graphs share one pool
-        sized by the tile window (`warm`), which a longer whole decode would grow."""
-        if tile_frames < _TILE_QUANTUM or overlap_frames < 0 or tile_batch < 1:
-            raise ValueError("tile_frames >= 32, overlap_frames >= 0, tile_batch >= 1")
+        sized by the tile window (`warm`), which a longer whole decode would grow. `tail_step`:
+        the fast path's last window is rounded up to this many frames (`_windows`)."""
+        if tile_frames < _TILE_QUANTUM or overlap_frames < 0 or tile_batch < 1 or tail_step < 1:
+            raise ValueError(
+                "tile_frames >= 32, overlap_frames >= 0, tile_batch >= 1, tail_step >= 1"
+            )
         if 2 * overlap_frames >= tile_frames:
             raise ValueError(f"tile_frames ({tile_frames}) must exceed 2 x overlap_frames")
         param = next(vae.parameters())
@@ -104,7 +109,7 @@ class TiledVaeDecoder:
             )
         self.vae = vae.eval().requires_grad_(False)
         self.hop = int(np.prod(vae.config.downsampling_ratios))  # samples per latent frame
-        self.tile_frames, self.overlap = tile_frames, overlap_frames
+        self.tile_frames, self.overlap, self.tail_step = tile_frames, overlap_frames, tail_step
         self.tile_batch, self.whole_max = tile_batch, whole_max
         self.fast: FastOobleck | None = None
         if use_fast:
@@ -151,7 +156,7 @@ class TiledVaeDecoder:
         if frames <= self.whole_max:
             return TilePlan(0, frames, frames)
         if self.fast is not None:
-            windows = plan_windows(frames, self.tile_frames, self.overlap)
+            windows = self._windows(frames)
             return TilePlan(len(windows), self.tile_frames - 2 * self.overlap, self.tile_frames)
         tiles = math.ceil(frames / self.tile_frames)
         core = math.ceil(frames / tiles / _TILE_QUANTUM) * _TILE_QUANTUM
@@ -188,16 +193,34 @@ class TiledVaeDecoder:
                     pieces[tile] = rows[:, :, keep * self.hop : (keep + kept) * self.hop].float()
         return torch.cat([pieces[t] for t in range(plan.tiles)], dim=-1)
 
+    def _windows(self, frames: int) -> list[Window]:
+        """The fast path's windows: `tile_frames` long but the last, which holds only its core
+        and `overlap` of left context, rounded up to `tail_step` frames. Before, the last window
+        was a full tile: a 240 s song (6000 frames) decoded 9 x 768 = 6912 frames, its last
+        window 768 for 96 new ones; now 8 x 768 + 128 = 6272 (9% less). Each tail length is a
+        CUDA graph of its own (at most tile / tail_step of them), smaller than the tile's, so
+        it reuses the tile graph's pool (`warm`)."""
+        return plan_windows(frames, self.tile_frames, self.overlap, tail_step=self.tail_step)
+
     def _decode_windows(self, z: torch.Tensor) -> torch.Tensor:
-        """[B, 64, T] -> float32 [B, 2, T * hop] in windows of exactly `tile_frames` frames
-        (one shape: one CUDA graph), `tile_batch` windows per call, each keeping its core."""
+        """[B, 64, T] -> float32 [B, 2, T * hop] in `_windows` (two shapes at most: the tile
+        and the song's tail), windows of one length `tile_batch` per call, each keeping its
+        core."""
         batch, frames = z.shape[0], z.shape[-1]
         out = torch.empty(batch, 2, frames * self.hop, device=self.device)
-        windows = plan_windows(frames, self.tile_frames, self.overlap)
-        for first in range(0, len(windows), self.tile_batch):
-            group = windows[first : first + self.tile_batch]
+        windows = self._windows(frames)
+        lengths = {w.stop - w.start for w in windows}
+        groups = [
+            same[first : first + self.tile_batch]
+            # the tile's windows first: without `warm`, its graph is still the pool's first
+            for same in (
+                [w for w in windows if w.stop - w.start == n] for n in sorted(lengths)[::-1]
+            )
+            for first in range(0, len(same), self.tile_batch)
+        ]
+        for group in groups:
             stacked = torch.cat([z[:, :, w.start : w.stop] for w in group], dim=0)
-            audio = self._decode(stacked)  # [len(group) * B, 2, tile_frames * hop]
+            audio = self._decode(stacked)  # [len(group) * B, 2, window * hop]
             for j, w in enumerate(group):
                 lo, hi = (w.keep_start - w.start) * self.hop, (w.keep_stop - w.start) * self.hop
                 keep = slice(w.keep_start * self.hop, w.keep_stop * self.hop)

@@ -66,7 +66,10 @@ class OobleckFastOptions(BaseModel):
     layout: Layout = "nhwc"
     compile: bool = False  # torch.compile the decoder / encoder (one compile per shape)
     cuda_graphs: bool | None = None  # None = on for CUDA; capture one graph per input shape
-    max_graphs: int = 8  # distinct input shapes captured per model part; more run eagerly
+    # Distinct input shapes captured per model part; more run eagerly. A decode replica sees the
+    # tile, up to tile / 64 tail lengths and the lengths of whole short clips; the graphs share
+    # one pool and each keeps only its static input and output (a 768-frame window: 5.9 MB).
+    max_graphs: int = 24
     capture_after: int = 2  # capture a shape on its n-th call (one-off shapes stay eager)
     # nhwc only: each residual unit's 1x1 conv + bias + residual add as one GEMM (on CUDA in
     # half precision one Triton kernel that also runs the Snake before it); see FastResidualUnit

@@ -124,3 +124,33 @@ def test_pcm16_wav_is_a_standard_16_bit_wav():
         frames = np.frombuffer(wav.readframes(4), dtype="<i2").reshape(4, 2)
     want = np.array([[0, 8192], [16384, -8192], [-32767, 32767], [32767, -32767]])
     assert np.array_equal(frames, want) and len(data) == 44 + 4 * 2 * 2
+
+
+def test_the_fast_paths_last_window_holds_only_the_tail(tiny_tree):
+    """The last window is its core plus `overlap` of left context, rounded up to `tail_step`
+    (not a whole tile); windows of one length decode together; the result still equals the
+    whole decode. At the defaults a 240 s song decodes 6272 frames for its 6000, not 6912."""
+    from hotstep_ray.models.text_models import load_vae
+
+    reference = load_vae(tiny_tree / "vae", device="cpu", dtype=torch.float32)
+    latents = torch.randn(1, 250, 64, generator=torch.Generator().manual_seed(2))
+    whole = TiledVaeDecoder(reference, whole_max_frames=1000, fast=False).decode(latents)
+    fast = TiledVaeDecoder(
+        load_vae(tiny_tree / "vae", device="cpu", dtype=torch.float32),
+        tile_frames=128,
+        overlap_frames=16,
+        tile_batch=2,
+        tail_step=32,
+        fast=True,
+    )
+    shapes = []
+    run = fast._decode
+    fast._decode = lambda z: shapes.append(tuple(z.shape)) or run(z)
+    audio = fast.decode(latents)
+    # [0,128) [96,224) together, then the 58 new frames + 16 of context -> 64
+    assert shapes == [(2, 64, 128), (1, 64, 64)]
+    assert float((audio - whole).abs().max() / whole.abs().max()) < 1e-5
+    default = TiledVaeDecoder(load_vae(tiny_tree / "vae", device="cpu"), fast=True)
+    windows = default._windows(6000)
+    assert len(windows) == 9 == default.plan(6000).tiles
+    assert sum(w.stop - w.start for w in windows) == 8 * 768 + 128
