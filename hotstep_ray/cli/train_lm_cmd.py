@@ -136,8 +136,9 @@ def run(
         lm.LmEngine.model_fields["compile"].default,
         "--compile",
         help="torch.compile each decoder layer: off, default, reduce-overhead (CUDA graphs), or "
-        "auto (reduce-overhead on CUDA, default when layers are checkpointed, off on the CPU). "
-        "CUDA only; each new row width compiles once (about 15 s on an H200).",
+        "auto (reduce-overhead on one GPU; default when layers are checkpointed or on several "
+        "GPUs; off on the CPU). CUDA only; each new row width compiles once (about 15 s on an "
+        "H200).",
     ),
     activation_budget: float = typer.Option(
         lm.LmEngine.model_fields["activation_budget"].default,
