@@ -93,6 +93,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--kron-mix", default="gemm", choices=adapters.KRON_MIXES, help="LoKR w1-side mix"
     )
+    parser.add_argument(
+        "--fold",
+        type=int,
+        default=1,
+        help="planned micro-batches per forward (the trainer's fold_accum; at most --grad-accum)",
+    )
     parser.add_argument("--steps", type=int, default=8, help="timed steps per row")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--time-budget-s", type=float, default=540.0)
@@ -152,7 +158,8 @@ def build_group(
         epochs=1000,
         compile="off" if compile_mode == "none" else compile_mode,  # the trainer's own path
     )
-    settings = dit.DitSettings(device=str(device), run_key="adapters/bench/run")
+    # fold off: a row's batch is what each forward runs (`--grad-accum` then means forwards)
+    settings = dit.DitSettings(device=str(device), run_key="adapters/bench/run", fold_accum="off")
     run = dit.prepare(options, storage, "bench", cache, models, "random-init", settings)
     if attention == "flex":
         run.transformer.set_attn_processor(FlexAttnProcessor(compiled=compile_mode == "none"))
@@ -254,6 +261,7 @@ def synchronize(device: torch.device) -> None:
 
 def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
     configure(run, crop, batch, args.ckpt)
+    run.fold = max(1, min(args.fold, args.grad_accum))
     device = run.device
     window = [tuple(range(batch))] * args.grad_accum  # one optimizer step per window
     # Every step's loss, warm-up included: rows of two compile modes from fresh runs (same seed)
@@ -283,6 +291,7 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
         run.fit.ckpt_layers,
     )
     row: dict[str, Any] = {
+        "fold": run.fold,
         "step_ms": round(median, 2),
         "step_ms_min": round(min(times), 2),
         "step_ms_all": [round(t, 2) for t in times],
@@ -375,7 +384,12 @@ def phase_times(run: dit.DitRun, repeats: int = 3) -> dict[str, Any]:
         )
         t = mark("assemble_copy", t)
         out = dit.micro_batch_loss(
-            run, draws.crops[0], draws.t[0], draws.cfg_drop[0], draws.weights[0], (0, step)
+            run,
+            draws.crops[0],
+            draws.t[0],
+            draws.cfg_drop[0],
+            draws.weights[0],
+            [((0, step), len(window[0]))],
         )
         t = mark("assemble_copy_forward", t)
         out.loss.backward()

@@ -81,6 +81,9 @@ class DitSettings:
     device: str | None = None  # None: cuda if available else cpu
     window_rule: str = "sdpa"  # sliding-window convention (models.acestep_wrappers)
     compile: str | None = None  # None: options.compile; else overrides it (compile_mode)
+    # Run an optimizer window's micro-batches as fewer, larger ones when memory allows
+    # (`dit_vram.fold_factor`; same draws, same loss): auto = on CUDA, off on the CPU.
+    fold_accum: str = "auto"  # auto | on | off
     run_key: str | None = None  # fixed run folder (the Ray driver picks it for every worker)
     resume: str | None = None  # storage key of a checkpoint folder to continue from
     rank: int = 0
@@ -150,6 +153,7 @@ class DitRun:
     holdout: Any = None  # calibration.holdout.HoldoutEval when songs are held out
     params: list[torch.nn.Parameter] = field(default_factory=list)  # the trainable adapter
     compile: str = "off"  # the resolved compile mode of the blocks
+    fold: int = 1  # micro-batches of a window run as one (`fold_factor`)
     graph_steps: int = 0  # steps run with CUDA graphs so far in this process (`guarded_step`)
     started: float = field(default_factory=time.time)
 
@@ -335,6 +339,19 @@ def prepare(
         budget_bytes=_budget_bytes(settings, options, device),
         compiled=mode != "off",
     )
+    fold = 1
+    if settings.fold_accum not in ("auto", "on", "off"):
+        raise InputError(f"fold_accum {settings.fold_accum!r}: expected auto, on or off")
+    if settings.fold_accum == "on" or (settings.fold_accum == "auto" and device.type == "cuda"):
+        fold = dit_vram.fold_factor(
+            dims,
+            spec,
+            fit,
+            options.grad_accum,
+            cache.condition_len,
+            _budget_bytes(settings, options, device),
+            compiled=mode != "off",
+        )
     fingerprint = model_fingerprint(models.transformer)
     # Seeded adapter init (peft draws LoRA A / LoKR w1 from the global RNG): every worker of a
     # run and every rerun start from the same weights.
@@ -400,6 +417,7 @@ def prepare(
         trigger_position=position,
         events=events if settings.rank == 0 else None,
         params=[param for _, param in trainable],
+        fold=fold,
     )
     mode = compiling.with_graphs(settings.compile or options.compile, mode, fit.ckpt_layers)
     if mode != "off":
@@ -483,6 +501,12 @@ def _announce(run: DitRun) -> None:
         f"{run.fit.trained_layers}/{run.dims.layers} layers, crop {run.fit.crop_frames} frames, "
         f"batch {run.fit.batch}, {run.fit.ckpt_layers} layers checkpointed, "
         f"optimizer {run.options.optimizer} ({split}), {run.schedule.total_steps} steps"
+        + (
+            f"; each step's {run.options.grad_accum} micro-batches run {run.fold} at a time "
+            f"(batch {run.fit.batch * run.fold} per forward, same loss)"
+            if run.fold > 1
+            else ""
+        )
     )
     for note in run.fit.notes:
         run.events.log(note, "warn")
@@ -551,13 +575,22 @@ def micro_batch_loss(
     t: torch.Tensor,
     cfg_drop: torch.Tensor,
     weights: torch.Tensor,
-    noise_seed: tuple[Any, ...],
+    noise_seeds: list[tuple[tuple[Any, ...], int]],
 ) -> dit_loss.LossOutput:
-    """Assemble, move and run one micro-batch (no backward)."""
+    """Assemble, move and run one micro-batch (no backward). `noise_seeds`: (seed parts, rows)
+    per planned micro-batch it holds, so a folded one draws the same noise row for row."""
     batch = dit_data.batch_to(dit_data.assemble(run.cache, crops, run.frames), run.device)
-    noise_rng = dit_data.generator(*noise_seed, device=run.device)
-    noise = torch.randn(
-        batch.target_latents.shape, generator=noise_rng, device=run.device, dtype=torch.float32
+    shape = batch.target_latents.shape[1:]
+    noise = torch.cat(
+        [
+            torch.randn(
+                (rows, *shape),
+                generator=dit_data.generator(*seed, device=run.device),
+                device=run.device,
+                dtype=torch.float32,
+            )
+            for seed, rows in noise_seeds
+        ]
     )
     channel = run.loss.channel_weights
     with torch.autocast(run.device.type, dtype=run.autocast, enabled=run.autocast is not None):
@@ -648,23 +681,25 @@ def optimizer_step(run: DitRun, window: list[tuple[int, ...]]) -> StepResult:
     if graphs:
         compiling.stable_grads(params)
     run.optimizer.zero_grad(set_to_none=not graphs)
-    shares = micro_batch_weights([len(mb) for mb in window])
+    # The draws are made per planned micro-batch; `run.fold` of them then run as one.
+    groups = [range(i, min(i + run.fold, len(window))) for i in range(0, len(window), run.fold)]
+    shares = micro_batch_weights([sum(len(window[i]) for i in group) for group in groups])
     loss_sum = torch.zeros((), device=run.device)
     raw_sum = torch.zeros((), device=run.device)
     frames = 0
-    for index, share in enumerate(shares):
+    for group, share in zip(groups, shares, strict=True):
         out = micro_batch_loss(
             run,
-            draws.crops[index],
-            draws.t[index],
-            draws.cfg_drop[index],
-            draws.weights[index],
-            (run.options.seed, "noise", step, rank, index),
+            [crop for i in group for crop in draws.crops[i]],
+            torch.cat([draws.t[i] for i in group]),
+            torch.cat([draws.cfg_drop[i] for i in group]),
+            torch.cat([draws.weights[i] for i in group]),
+            [((run.options.seed, "noise", step, rank, i), len(window[i])) for i in group],
         )
         (out.loss * share).backward()
         loss_sum += out.loss.detach() * share
         raw_sum += out.raw_loss * share
-        frames += sum(crop.frames for crop in draws.crops[index])
+        frames += sum(crop.frames for i in group for crop in draws.crops[i])
     if run.settings.world_size > 1:
         _all_reduce_grads(params, run.settings.world_size)
     clip = run.options.grad_clip if run.options.grad_clip > 0 else math.inf
@@ -1025,6 +1060,16 @@ def _adopt_fit(run: DitRun, saved: dict[str, Any]) -> None:
     run.frames = dit_data.batch_frames(run.cache, plan.crop_frames)
     _install_checkpointing(run.transformer, plan.ckpt_layers, plan.trained_layers)
     run.schedule = build_schedule(run.options, run.settings, run.cache, plan.batch)
+    if run.fold > 1:  # sized for this GPU's own fit: refit to the adopted one
+        run.fold = dit_vram.fold_factor(
+            run.dims,
+            run.spec,
+            run.fit,
+            run.options.grad_accum,
+            run.cache.condition_len,
+            run.fit.budget,
+            compiled=run.compile != "off",
+        )
 
 
 def restore(run: DitRun, storage: Storage, key: str) -> None:
@@ -1090,6 +1135,7 @@ def runtime_info(run: DitRun) -> dict[str, Any]:
         "attention": "sdpa; dense band mask on sliding layers; padded keys masked",
         "window_rule": run.settings.window_rule,
         "compile": run.compile,
+        "fold_accum": run.fold,  # planned micro-batches per forward
         "torch": torch.__version__,
         "world_size": run.settings.world_size,
     }

@@ -272,6 +272,33 @@ def _even(frames: int) -> int:
 CROP_ALIGN_FRAMES = 16
 
 
+def fold_factor(
+    dims: DitDims,
+    spec: AdapterSpec,
+    fitted: VramFit,
+    grad_accum: int,
+    condition_len: int,
+    budget_bytes: float | None,
+    compiled: bool = False,
+) -> int:
+    """How many consecutive micro-batches of an optimizer window may run as one (batch x f),
+    with the fitted crop and checkpointing unchanged: the largest f <= grad_accum whose step
+    fits the budget, else 1. The loss is the same either way (every micro-batch's loss is a
+    mean over its samples, weighted by its sample share of the window); one forward over f
+    crops keeps the GPU busier than f forwards over one."""
+    for f in range(max(1, grad_accum), 1, -1):
+        p = Plan(
+            fitted.crop_frames,
+            fitted.batch * f,
+            fitted.ckpt_layers,
+            fitted.trained_layers,
+            condition_len,
+        )
+        if budget_bytes is None or estimate(dims, spec, p, True, compiled).total <= budget_bytes:
+            return f
+    return 1
+
+
 def fit(
     dims: DitDims,
     spec: AdapterSpec,

@@ -83,6 +83,39 @@ def test_resume_from_half_way_equals_uninterrupted(storage, tiny_dit_dir, single
     assert log["resumes"] == [{"step": steps // 2 + 1, "epoch": 4}]
 
 
+def test_folded_micro_batches_train_as_the_accumulated_ones(
+    storage, tiny_dit_dir, single_thread
+) -> None:
+    """grad_accum 2 over 3 songs (one window of 2 planned micro-batches, one of 1): run folded
+    (the 2 as one forward over a padded batch of 2) the run takes the same draws, noise and
+    element-share weights, so its losses and adapter equal the accumulated run's."""
+    options = fast_options(epochs=4, optimizer="adamw", batch=1, grad_accum=2)
+    plain, _ = run_training(storage, tiny_dit_dir, options, fold_accum="off")
+    folded, _ = run_training(storage, tiny_dit_dir, options, fold_accum="on")
+    assert (plain.fold, folded.fold) == (1, 2)  # the CPU has no memory budget
+    losses = [e["loss"] for e in plain.state.history]
+    assert [e["loss"] for e in folded.state.history] == pytest.approx(losses, rel=1e-5)
+    assert losses[-1] < losses[0]  # it trained: equal losses are not two idle runs
+    trained = adapters.adapter_state_dict(plain.transformer)
+    for key, value in adapters.adapter_state_dict(folded.transformer).items():
+        assert torch.allclose(value, trained[key], rtol=1e-4, atol=1e-6), key
+    assert read_log(storage, folded.run_key)["runtime"]["fold_accum"] == 2
+    shapes = []
+    original = dit_data.assemble
+    with pytest.MonkeyPatch.context() as patch:  # one more step: one forward of 2
+        patch.setattr(
+            dit_data,
+            "assemble",
+            lambda cache, crops, frames: (
+                shapes.append(len(crops)) or original(cache, crops, frames)
+            ),
+        )
+        dit.optimizer_step(folded, dit.epoch_windows(folded, 5)[0])
+    assert shapes == [2]
+    with pytest.raises(InputError, match="fold_accum"):
+        run_training(storage, tiny_dit_dir, options, fold_accum="sometimes")
+
+
 def _fixed_loss(run: dit.DitRun, transformer_models) -> float:
     """Loss of one fixed micro-batch with fixed draws through `transformer_models`."""
     crops = [dit_data.Crop(0, 0, 40, False), dit_data.Crop(2, 20, 48, False)]
@@ -144,7 +177,12 @@ def test_checkpointed_layers_give_the_same_gradients(storage, tiny_dit_dir, sing
         draws = dit.draw_window(run, window, step=0)
         run.optimizer.zero_grad(set_to_none=True)
         out = dit.micro_batch_loss(
-            run, draws.crops[0], draws.t[0], draws.cfg_drop[0], draws.weights[0], ("n", 0)
+            run,
+            draws.crops[0],
+            draws.t[0],
+            draws.cfg_drop[0],
+            draws.weights[0],
+            [(("n", 0), len(window[0]))],
         )
         out.loss.backward()
         grads.append({k: p.grad.clone() for k, p in adapters.trainable_parameters(run.transformer)})
@@ -337,7 +375,12 @@ def test_compiled_blocks_give_the_eager_gradients(storage, tiny_dit_dir, single_
         draws = dit.draw_window(run, window, 0)
         with inductor_config.patch({"cpp.simdlen": 1}):  # compiled on the first call
             out = dit.micro_batch_loss(
-                run, draws.crops[0], draws.t[0], draws.cfg_drop[0], draws.weights[0], (1, 0)
+                run,
+                draws.crops[0],
+                draws.t[0],
+                draws.cfg_drop[0],
+                draws.weights[0],
+                [((1, 0), len(window[0]))],
             )
             out.loss.backward()
         losses.append(out.loss.item())

@@ -15,6 +15,7 @@ from hotstep_ray.training.dit_vram import (
     adapter_params,
     estimate,
     fit,
+    fold_factor,
     min_required_bytes,
     step_flops,
 )
@@ -185,3 +186,20 @@ def test_compiled_runs_fit_more_into_the_same_gpu() -> None:
     assert compiled.crop_frames == eager.crop_frames == 6000 and compiled.batch == eager.batch == 2
     assert compiled.ckpt_layers < eager.ckpt_layers
     assert compiled.estimate.total <= 30 * GB
+
+
+def test_an_optimizer_windows_micro_batches_fold_as_far_as_memory_allows() -> None:
+    """`fold_factor` keeps the fitted crop and checkpointing and runs up to grad_accum planned
+    micro-batches per forward: all of them with room, as many as fit otherwise, one at least."""
+    fitted = _fit(200, batch=1)  # crop 1248, batch 1, nothing checkpointed
+    assert (fitted.batch, fitted.ckpt_layers) == (1, 0)
+
+    def need(batch: int) -> float:
+        plan = Plan(fitted.crop_frames, batch, 0, fitted.trained_layers, 800)
+        return estimate(DIMS["2b"], LORA128, plan, True).total
+
+    assert fold_factor(DIMS["2b"], LORA128, fitted, 4, 800, None) == 4
+    assert fold_factor(DIMS["2b"], LORA128, fitted, 4, 800, 200 * GB) == 4
+    assert fold_factor(DIMS["2b"], LORA128, fitted, 4, 800, (need(2) + need(3)) / 2) == 2
+    assert fold_factor(DIMS["2b"], LORA128, fitted, 4, 800, need(2) * 0.99) == 1
+    assert fold_factor(DIMS["2b"], LORA128, fitted, 1, 800, None) == 1  # nothing to fold
