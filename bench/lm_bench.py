@@ -257,7 +257,6 @@ def run_config(
         for _ in range(2):
             step()
         sync(device)
-        compiling.release_cache(device, mode)  # as the trainers do once every shape is captured
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         times = []

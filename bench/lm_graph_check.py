@@ -22,7 +22,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from safetensors.torch import load_file, save_file  # noqa: E402
 
 from hotstep_ray.core.contracts import TrainLmOptions  # noqa: E402
 from hotstep_ray.core.storage import Storage  # noqa: E402
@@ -36,10 +35,7 @@ MODES = ("off", "default", "reduce-overhead", "auto")
 def prepare(root: Path) -> tuple[Path, Storage]:
     """The tiny LM (embeddings scaled up so the loss moves, as the CPU tests do) and six songs
     of 91-216 tokens."""
-    folder = write_tiny_lm(root / "ckpt" / "acestep-5Hz-lm-0.6B")
-    weights = load_file(folder / "model.safetensors")
-    weights["model.embed_tokens.weight"] *= 25
-    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    folder = write_tiny_lm(root / "ckpt" / "acestep-5Hz-lm-0.6B", embedding_scale=25)
     storage = Storage(root / "data")
     songs = lm_data.synthetic_songs(6, [4, 60, 5, 130, 3, 6], seed=5)
     lm_data.write_lm_codes(storage.local_path(CODES_KEY), songs)

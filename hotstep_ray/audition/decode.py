@@ -26,6 +26,7 @@ import math
 import struct
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -208,15 +209,14 @@ class TiledVaeDecoder:
         core."""
         batch, frames = z.shape[0], z.shape[-1]
         out = torch.empty(batch, 2, frames * self.hop, device=self.device)
-        windows = self._windows(frames)
-        lengths = {w.stop - w.start for w in windows}
+        by_length: dict[int, list[Window]] = defaultdict(list)
+        for window in self._windows(frames):
+            by_length[window.stop - window.start].append(window)
         groups = [
-            same[first : first + self.tile_batch]
+            same[i : i + self.tile_batch]
             # the tile's windows first: without `warm`, its graph is still the pool's first
-            for same in (
-                [w for w in windows if w.stop - w.start == n] for n in sorted(lengths)[::-1]
-            )
-            for first in range(0, len(same), self.tile_batch)
+            for same in (by_length[n] for n in sorted(by_length, reverse=True))
+            for i in range(0, len(same), self.tile_batch)
         ]
         for group in groups:
             stacked = torch.cat([z[:, :, w.start : w.stop] for w in group], dim=0)

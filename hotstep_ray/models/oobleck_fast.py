@@ -579,6 +579,15 @@ class ShapeGraphs:
 # ----------------------------------------------------------------------------- the wrapper
 
 
+def _passes(check: Callable, device: torch.device, dtype: torch.dtype, fallback: str) -> bool:
+    """Whether a Triton self-check passes; a failure is logged with the torch path it falls back
+    to (an optimisation never stops the VAE)."""
+    problem = check(device, dtype)
+    if problem:
+        log.warning("%s; using the torch %s", problem, fallback)
+    return not problem
+
+
 class FastOobleck:
     """A diffusers AutoencoderOobleck prepared for fast inference (modified in place).
 
@@ -598,11 +607,8 @@ class FastOobleck:
         snake = resolve_snake(options.snake, self.device)
         if options.compile:
             snake = "torch"  # inductor fuses the plain expression with its neighbours
-        if snake == "triton":
-            problem = triton_self_check(self.device, self.dtype)
-            if problem:
-                log.warning("%s; using the torch Snake", problem)
-                snake = "torch"
+        if snake == "triton" and not _passes(triton_self_check, self.device, self.dtype, "Snake"):
+            snake = "torch"
         self.snake_impl = snake
         self.snakes = swap_snakes(vae, snake)
         if options.layout == "nhwc" and not isinstance(vae.decoder, Nhwc):
@@ -615,11 +621,10 @@ class FastOobleck:
         self.residual_impl: str | None = None
         if self.layout == "nhwc" and options.fuse_residual:
             impl = "triton" if snake == "triton" and self.dtype in RESIDUAL_DTYPES else "torch"
-            if impl == "triton":
-                problem = residual_self_check(self.device, self.dtype)
-                if problem:
-                    log.warning("%s; using the torch residual path", problem)
-                    impl = "torch"
+            if impl == "triton" and not _passes(
+                residual_self_check, self.device, self.dtype, "residual path"
+            ):
+                impl = "torch"
             self.residual_impl = impl
             for wrapper in (vae.decoder, vae.encoder):
                 fuse_residuals(wrapper, impl)

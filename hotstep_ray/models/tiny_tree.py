@@ -142,9 +142,13 @@ def write_tiny_text_encoder(folder: str | Path, seed: int = 0, hidden: int = 32)
     return folder
 
 
-def write_tiny_lm(folder: str | Path, seed: int = 0, hidden: int = 32) -> Path:
+def write_tiny_lm(
+    folder: str | Path, seed: int = 0, hidden: int = 32, embedding_scale: float = 1.0
+) -> Path:
     """`acestep-5Hz-lm-0.6B/`: tiny Qwen3ForCausalLM (tied embeddings, so no lm_head tensor),
-    keys with the "model." prefix, config.json and the real LM tokenizer folder."""
+    keys with the "model." prefix, config.json and the real LM tokenizer folder.
+    `embedding_scale` multiplies the tied embeddings: at N(0, 0.02) a 32-wide model's logits span
+    < 1 nat, so training tests that must see the loss fall scale them up (25)."""
     folder = Path(folder)
     config = _qwen3_config(
         hidden, lm_tokenizer.LM_VOCAB_SIZE, "Qwen3ForCausalLM", lm_tokenizer.IM_END_ID
@@ -153,7 +157,10 @@ def write_tiny_lm(folder: str | Path, seed: int = 0, hidden: int = 32) -> Path:
         model = Qwen3ForCausalLM(Qwen3Config.from_dict(config))
     shapes = {n: t.shape for n, t in model.state_dict().items() if n != "lm_head.weight"}
     lm_tokenizer.save_lm_tokenizer(folder)
-    _save(_seeded(shapes, seed, _qwen_rule), folder / "model.safetensors")
+    tensors = _seeded(shapes, seed, _qwen_rule)
+    if embedding_scale != 1.0:
+        tensors["model.embed_tokens.weight"] *= embedding_scale
+    _save(tensors, folder / "model.safetensors")
     _write_json(folder / "config.json", config)
     return folder
 

@@ -51,17 +51,6 @@ def with_graphs(requested: str, mode: str, ckpt_layers: int, ddp: bool = False) 
     return mode
 
 
-def release_cache(device: torch.device, mode: str) -> None:
-    """Return the caching allocator's unused blocks once every shape has been captured (the
-    trainers call it after the first epoch). Under reduce-overhead each new shape runs eagerly
-    before Inductor records its graph, and the eager run's activations stay cached in the normal
-    pool next to the graphs' own pool: a second copy of the largest activation set for the rest
-    of the run. No-op off CUDA or without CUDA graphs."""
-    if mode == "reduce-overhead" and device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
-
-
 def set_activation_budget(budget: float) -> None:
     """AOTAutograd's activation memory budget for the graphs compiled from now on (a process-wide
     setting, read when a graph is first partitioned, i.e. at its first training step): 1.0 keeps

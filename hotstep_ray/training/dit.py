@@ -83,11 +83,14 @@ class DitSettings:
     compile: str | None = None  # None: options.compile; else overrides it (compile_mode)
     # Run an optimizer window's micro-batches as fewer, larger ones when memory allows
     # (`dit_vram.fold_factor`; same draws, same loss): auto = on CUDA, off on the CPU.
-    fold_accum: str = "auto"  # auto | on | off
+    fold_accum: str = "auto"  # FOLD_MODES
     run_key: str | None = None  # fixed run folder (the Ray driver picks it for every worker)
     resume: str | None = None  # storage key of a checkpoint folder to continue from
     rank: int = 0
     world_size: int = 1
+
+
+FOLD_MODES = ("auto", "on", "off")
 
 
 @dataclass
@@ -339,19 +342,8 @@ def prepare(
         budget_bytes=_budget_bytes(settings, options, device),
         compiled=mode != "off",
     )
-    fold = 1
-    if settings.fold_accum not in ("auto", "on", "off"):
+    if settings.fold_accum not in FOLD_MODES:
         raise InputError(f"fold_accum {settings.fold_accum!r}: expected auto, on or off")
-    if settings.fold_accum == "on" or (settings.fold_accum == "auto" and device.type == "cuda"):
-        fold = dit_vram.fold_factor(
-            dims,
-            spec,
-            fit,
-            options.grad_accum,
-            cache.condition_len,
-            _budget_bytes(settings, options, device),
-            compiled=mode != "off",
-        )
     fingerprint = model_fingerprint(models.transformer)
     # Seeded adapter init (peft draws LoRA A / LoKR w1 from the global RNG): every worker of a
     # run and every rerun start from the same weights.
@@ -417,7 +409,6 @@ def prepare(
         trigger_position=position,
         events=events if settings.rank == 0 else None,
         params=[param for _, param in trainable],
-        fold=fold,
     )
     mode = compiling.with_graphs(settings.compile or options.compile, mode, fit.ckpt_layers)
     if mode != "off":
@@ -429,7 +420,25 @@ def prepare(
             "at full speed",
         )
     run.compile = mode
+    run.fold = fold_factor(run)
     return run
+
+
+def fold_factor(run: DitRun) -> int:
+    """Planned micro-batches per forward for the run's fit and GPU budget (`dit_vram.
+    fold_factor`) when `fold_accum` is on (auto: on CUDA), else 1."""
+    mode = run.settings.fold_accum
+    if mode == "off" or (mode == "auto" and run.device.type != "cuda"):
+        return 1
+    return dit_vram.fold_factor(
+        run.dims,
+        run.spec,
+        run.fit,
+        run.options.grad_accum,
+        run.cache.condition_len,
+        run.fit.budget,
+        compiled=run.compile != "off",
+    )
 
 
 def compile_mode(requested: str, device: torch.device) -> str:
@@ -728,7 +737,6 @@ def train(
     if "train" not in options.stages:
         state.stop_reason = "skipped"
     last_event = 0.0
-    released = False  # the warm-up caches of the CUDA graphs, after this process's first epoch
     while not state.stop_reason:
         plan = epoch_windows(run, state.epoch)
         while state.window < len(plan):
@@ -754,9 +762,6 @@ def train(
         if state.stop_reason:
             break
         end_epoch(run)
-        if not released:  # every micro-batch shape (the epoch's short tail too) is captured
-            compiling.release_cache(run.device, run.compile)
-            released = True
     return finish(run)
 
 
@@ -1060,16 +1065,7 @@ def _adopt_fit(run: DitRun, saved: dict[str, Any]) -> None:
     run.frames = dit_data.batch_frames(run.cache, plan.crop_frames)
     _install_checkpointing(run.transformer, plan.ckpt_layers, plan.trained_layers)
     run.schedule = build_schedule(run.options, run.settings, run.cache, plan.batch)
-    if run.fold > 1:  # sized for this GPU's own fit: refit to the adopted one
-        run.fold = dit_vram.fold_factor(
-            run.dims,
-            run.spec,
-            run.fit,
-            run.options.grad_accum,
-            run.cache.condition_len,
-            run.fit.budget,
-            compiled=run.compile != "off",
-        )
+    run.fold = fold_factor(run)  # sized for the adopted fit, not this GPU's own
 
 
 def restore(run: DitRun, storage: Storage, key: str) -> None:

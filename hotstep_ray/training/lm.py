@@ -539,7 +539,7 @@ def setup_lm(
     plan = plan_data(spec, storage, tokenizer, dims, options, budget, pad)
     if mode != "off" and not engine.pad_multiple:  # compiled, width multiple left to us
         pad = data.pick_pad_multiple(plan.examples, plan.groups, options.epochs)
-        plan.step_tokens = max(len(g) * data.row_width(plan.examples, g, pad) for g in plan.groups)
+        plan.step_tokens = data.largest_step(plan.examples, plan.groups, pad)
     vram = _checkpoint_layers(
         engine,
         dims,
@@ -849,12 +849,9 @@ def train_lm(
     `stop_after_epoch` (> 0: an interruption, for tests and preemption)."""
     state = state or new_state(setup)
     evaluator = holdout_evaluator(setup, state)
-    first = state.epoch + 1
     while not state.finished:
         epoch = state.epoch + 1
         end_epoch(setup, state, run_epoch(setup, state, epoch))
-        if epoch == first:  # each row width of the data has had its graph captured
-            compiling.release_cache(setup.device, setup.compile)
         if evaluator is not None:
             with compiling.eager(setup.compile):
                 loss = evaluator(epoch, setup.model)

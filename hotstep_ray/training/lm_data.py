@@ -557,11 +557,7 @@ def plan_data(
     lengths = [e.length for e in examples]
     pack_tokens = pack_tokens or max(max(lengths), min(DEFAULT_PACK_TOKENS, max_len or 1 << 30))
     groups = plan_groups(lengths, batching, batch, pack_tokens)
-    widths = [
-        math.ceil(max(sum(lengths[i] for i in row) for row in g) / pad_multiple) * pad_multiple
-        for g in groups
-    ]
-    step_tokens = max(len(g) * w for g, w in zip(groups, widths, strict=True))
+    step_tokens = largest_step(examples, groups, pad_multiple)
     step_targets = max(sum(examples[i].n_targets for row in g for i in row) for g in groups)
     return DataPlan(
         examples, skipped, groups, max_len, step_tokens, step_targets, trigger, position
@@ -620,6 +616,12 @@ def row_width(examples: Sequence[LmExample], group: Group, pad_multiple: int = 1
     `pad_multiple` (a compiled layer has one graph per distinct [R, T])."""
     longest = max(sum(examples[i].length for i in row) for row in group)
     return math.ceil(longest / pad_multiple) * pad_multiple
+
+
+def largest_step(examples: Sequence[LmExample], groups: Sequence[Group], pad_multiple: int) -> int:
+    """Tokens of the largest `[R, T]` micro-batch (R x T, padding included): what the memory
+    plan sizes."""
+    return max(len(g) * row_width(examples, g, pad_multiple) for g in groups)
 
 
 # What one more compiled row width costs, in training tokens: H200, 4B LoRA r16, reduce-overhead,

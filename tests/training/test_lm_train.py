@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from hotstep_ray.core.contracts import TrainLmOptions
@@ -39,10 +39,7 @@ def tiny(tmp_path_factory) -> tuple[Path, Storage]:
     model can actually fit its targets (at N(0, 0.02) its logits span < 1 nat), and a storage
     root holding two short songs' codes."""
     root = tmp_path_factory.mktemp("lm")
-    folder = write_tiny_lm(root / "ckpt" / "acestep-5Hz-lm-0.6B")
-    weights = load_file(folder / "model.safetensors")
-    weights["model.embed_tokens.weight"] *= 25
-    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    folder = write_tiny_lm(root / "ckpt" / "acestep-5Hz-lm-0.6B", embedding_scale=25)
     storage = Storage(root / "data")
     D.write_lm_codes(storage.local_path(CODES_KEY), D.synthetic_songs(2, 6, seed=5))
     return folder, storage
