@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import platform
@@ -360,10 +361,15 @@ def _lm_request(seconds: float, seed: int, adapter: str = "") -> LmRequest:
 def bench_lm(args, device, dtype, record, lm_parts) -> None:
     lm, tokenizer, size = lm_parts
     adapters = [None, random_lora(lm)] if args.lm_adapter else [None]
-    for mode in args.decode_modes:
+    for mode, merge in itertools.product(args.decode_modes, args.lm_merge):
         decode_mode, compile_mode = LM_ENGINES[mode]
         planner = PlannerLM(
-            lm, tokenizer, lm_size=size, decode_mode=decode_mode, compile_mode=compile_mode
+            lm,
+            tokenizer,
+            lm_size=size,
+            decode_mode=decode_mode,
+            compile_mode=compile_mode,
+            merge_adapters=merge,
         )
         for adapter in adapters:
             for seconds in args.lm_seconds:
@@ -379,6 +385,7 @@ def bench_lm(args, device, dtype, record, lm_parts) -> None:
                     "decode_mode": mode,
                     "compile_mode": compile_mode,
                     "adapter": "lora-r16-all-proj" if adapter else "",
+                    "merged": bool(adapter) and planner.merge_adapters,
                     "seconds": seconds,
                     "codes": int(seconds * 5),
                     "cfg_scale": request.cfg_scale,
@@ -397,9 +404,10 @@ def bench_lm(args, device, dtype, record, lm_parts) -> None:
                 if args.lm_profile and device.type == "cuda":
                     row["profile"] = profile_lm(planner, _lm_request(seconds, seed=2), adapter)
                 row["same_codes_as_eager"] = _same_as_eager(args, planner, lm_parts, seconds)
-                row["engines_used"] = sorted(
-                    {s.mode for s in (adapter or planner.base).steppers.values()}
-                )
+                ran = adapter or planner.base
+                if adapter is not None and planner.merge_adapters:
+                    ran = adapter.merged
+                row["engines_used"] = sorted({s.mode for s in ran.steppers.values()})
                 row["memory"] = _mem(device)
                 record(row)
         del planner
@@ -495,6 +503,12 @@ def main() -> int:
     parser.add_argument("--decode-modes", default="graph,compiled,eager", help="LM_ENGINES names")
     parser.add_argument("--eager-max-seconds", type=float, default=30.0, help="longer: skipped")
     parser.add_argument("--lm-adapter", action="store_true", help="also time a random LoRA")
+    parser.add_argument(
+        "--lm-merge",
+        type=lambda text: text.split(","),
+        default=["auto"],
+        help="comma list of the planner's merge_adapters (auto, on, off)",
+    )
     parser.add_argument("--no-check-eager", dest="check_eager", action="store_false")
     parser.add_argument("--profile", action="store_true", help="top kernels of the long decode")
     parser.add_argument("--budget-s", type=float, default=0, help="skip rows after this (0: off)")

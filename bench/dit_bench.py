@@ -99,6 +99,12 @@ def parse_args() -> argparse.Namespace:
         default=1,
         help="planned micro-batches per forward (the trainer's fold_accum; at most --grad-accum)",
     )
+    parser.add_argument(
+        "--prefetch",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="prepare the next step's inputs during the backward, as the trainer does",
+    )
     parser.add_argument("--steps", type=int, default=8, help="timed steps per row")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--time-budget-s", type=float, default=540.0)
@@ -266,7 +272,10 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
     window = [tuple(range(batch))] * args.grad_accum  # one optimizer step per window
     # Every step's loss, warm-up included: rows of two compile modes from fresh runs (same seed)
     # must agree to bf16 rounding, or the faster mode computes something else.
-    losses = [dit.optimizer_step(run, window).loss for _ in range(args.warmup)]
+    # As the trainer runs: each step prepares the next one's inputs during its backward (the
+    # bench's next window is the same crops; `--no-prefetch` times steps that assemble their own)
+    upcoming = window if args.prefetch else None
+    losses = [dit.optimizer_step(run, window, upcoming).loss for _ in range(args.warmup)]
     synchronize(device)
     if device.type == "cuda":
         torch.cuda.empty_cache()  # so the reserved peak is this row's, not an earlier row's
@@ -275,7 +284,7 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
     finite = True
     for _ in range(args.steps):
         started = time.perf_counter()
-        result = dit.optimizer_step(run, window)
+        result = dit.optimizer_step(run, window, upcoming)
         synchronize(device)
         times.append((time.perf_counter() - started) * 1000)
         finite = finite and result.finite
@@ -290,8 +299,10 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
         run.fit.trained_layers,
         run.fit.ckpt_layers,
     )
+    run.prepared = None
     row: dict[str, Any] = {
         "fold": run.fold,
+        "prefetch": args.prefetch,
         "step_ms": round(median, 2),
         "step_ms_min": round(min(times), 2),
         "step_ms_all": [round(t, 2) for t in times],

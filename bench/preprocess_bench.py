@@ -22,6 +22,16 @@ Memory per case: the batch's allocated and reserved peaks, the reserved memory b
 (`reserved_after_batch_gib`) and, per stage run alone, the reserved memory at its end and the
 allocated peak during it. `--release-cache on,off` sweeps `release_cache_between_stages` (the
 encoder returning the allocator's unused blocks after the VAE and the codes stages).
+`--memory-cap-gib` sweeps `EncoderSettings.memory_cap_gib` (0 = no cap; the allocator's
+per-process fraction is reset to 1 before each case).
+
+5 Hz codes (`--codes-pass`, swept; `hotstep_ray.models.fsq_fast`): "off" runs the audio tokenizer
+in float32; "tf32" / "bf16" run a reduced-precision pass 1 and recompute in float32 every window
+whose FSQ brackets lie within `--codes-margin` levels of a floor boundary. Each fast case reports
+`codes_windows`, `codes_rechecked`, `codes_rechecked_fraction`, `codes_mismatch_vs_fp32` (codes
+differing from a float32 run over the same latents, computed outside the timed stages; must be 0)
+and `codes_max_level_error` (max |bracket_fast - bracket_fp32| over windows and FSQ dims; the
+margin must exceed it). The stage key is `codes` (was `codes_fp32`).
 
     python3 bench/preprocess_bench.py --quick --budget-s 420 --out $OUT/preprocess_fast.json
     python3 bench/preprocess_bench.py --songs 8 --seconds 240 --vae-paths old,fast \\
@@ -180,6 +190,30 @@ def run_stage(encoder, fn: Callable[[], Any], release: bool) -> tuple[Any, dict[
     return result, facts
 
 
+def codes_accuracy(encoder, latents, found, stats: dict[str, Any]) -> dict[str, Any]:
+    """How a fast codes pass compares with float32 over the same latents (untimed): counts from
+    `encoder.last_codes_stats`, codes that differ from the float32 run, and the max FSQ bracket
+    error of pass 1 (level units; `--codes-margin` must exceed it)."""
+    from hotstep_ray.models.fsq_fast import window_brackets
+
+    reference = encoder.codes(latents, fast_pass="off")
+    mismatch = sum(int((a != b).sum()) for a, b in zip(found, reference, strict=True))
+    tokenizer = encoder.dit.audio_tokenizer
+    silence = encoder.dit.silence_latent.to(encoder.device)[None]  # [1, N, 64]
+    error = 0.0
+    for z in latents:  # one song at a time: brackets of every window, fast vs float32
+        fast = window_brackets(tokenizer, z[None].float(), silence, encoder.codes_fast_pass)
+        exact = window_brackets(tokenizer, z[None].float(), silence, "off")
+        error = max(error, float((fast - exact).abs().max()))
+    return {
+        "codes_windows": stats["windows"],
+        "codes_rechecked": stats["rechecked"],
+        "codes_rechecked_fraction": stats["rechecked"] / max(1, stats["windows"]),
+        "codes_mismatch_vs_fp32": mismatch,
+        "codes_max_level_error": error,
+    }
+
+
 def run_case(encoder, items, iters: int, weights: int) -> dict[str, Any]:
     """Median batch time of `encoder.encode(items)` and of each stage, and memory: the batch's
     peaks (GiB), the reserved memory between batches and each stage's (see `run_stage`)."""
@@ -200,9 +234,14 @@ def run_case(encoder, items, iters: int, weights: int) -> dict[str, Any]:
     # The stages in `encode`'s order, each releasing where `encode` does.
     latents, vae = run_stage(encoder, lambda: encoder.latents(items), release=True)
     _, cond = run_stage(encoder, lambda: encoder.conditions(captions, lyrics), release=False)
-    _, codes = run_stage(encoder, lambda: encoder.codes(latents), release=True)
-    stages = {"vae_latents": vae, "conditions": cond, "codes_fp32": codes}
+    found, codes = run_stage(encoder, lambda: encoder.codes(latents), release=True)
+    codes_stats = dict(encoder.last_codes_stats)
+    stages = {"vae_latents": vae, "conditions": cond, "codes": codes}
     median = statistics.median(batch)
+    accuracy = {}
+    if encoder.codes_fast_pass != "off":
+        accuracy = codes_accuracy(encoder, latents, found, codes_stats)
+        encoder.release_between_stages()
     return {
         "finite_latents": finite,
         "batch_ms": 1000 * median,
@@ -218,6 +257,7 @@ def run_case(encoder, items, iters: int, weights: int) -> dict[str, Any]:
         "peak_reserved_gib": peak_reserved / GIB,
         "reserved_after_batch_gib": reserved_after_batch / GIB,
         "activation_peak_gib": (peak - weights) / GIB,
+        **accuracy,  # fast codes passes only
     }
 
 
@@ -243,6 +283,22 @@ def main() -> None:
         default="on",
         help="comma list to sweep of on, off: free cached blocks after the VAE and codes stages",
     )
+    parser.add_argument(
+        "--codes-pass",
+        default="off,tf32",
+        help="comma list to sweep of off, tf32, bf16: the 5 Hz codes' pass 1 precision",
+    )
+    parser.add_argument(
+        "--codes-margin",
+        type=float,
+        default=0.05,
+        help="FSQ level units: windows this close to a floor boundary are rechecked in float32",
+    )
+    parser.add_argument(
+        "--memory-cap-gib",
+        default="0",
+        help="comma list to sweep: the encoder's per-process CUDA allocator cap (0 = none)",
+    )
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--baseline", action="store_true", help="also time plain diffusers")
     parser.add_argument(
@@ -267,8 +323,22 @@ def main() -> None:
     releases = args.release_cache.split(",")
     if set(releases) - {"on", "off"}:
         parser.error(f"--release-cache takes on and/or off, not {args.release_cache!r}")
+    code_passes = args.codes_pass.split(",")
+    if set(code_passes) - {"off", "tf32", "bf16"}:
+        parser.error(f"--codes-pass takes off, tf32 and/or bf16, not {args.codes_pass!r}")
+    if not args.codes_margin >= 0:
+        parser.error(f"--codes-margin must be >= 0, not {args.codes_margin}")
+    try:
+        caps = [float(cap) for cap in args.memory_cap_gib.split(",")]
+    except ValueError:
+        parser.error(f"--memory-cap-gib takes numbers, not {args.memory_cap_gib!r}")
+    if any(not cap >= 0 for cap in caps):
+        parser.error(f"--memory-cap-gib takes numbers >= 0, not {args.memory_cap_gib!r}")
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
+    device_gib = torch.cuda.get_device_properties(0).total_memory / GIB
+    if max(caps) > device_gib:  # the encoder would refuse it outside a case's error handling
+        parser.error(f"--memory-cap-gib {max(caps)} exceeds the GPU's {device_gib:.1f} GiB")
     started = time.perf_counter()
 
     from hotstep_ray.models.oobleck_fast import OobleckFastOptions
@@ -299,12 +369,15 @@ def main() -> None:
     report: dict[str, Any] = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
-        "dtype": "bf16 (audio tokenizer fp32)",
+        "dtype": "bf16 (audio tokenizer fp32 weights; codes pass 1 per case)",
         "songs": args.songs,
         "seconds_per_song": args.seconds,
         "vae_chunk_frames": args.vae_chunk,  # the swept list
         "vae_overlap_frames": args.vae_overlap,
         "release_cache": args.release_cache,  # the swept list
+        "codes_pass": args.codes_pass,  # the swept list
+        "codes_margin": args.codes_margin,
+        "memory_cap_gib": args.memory_cap_gib,  # the swept list
         "caption_tokens": len(tokenizer(items[0].caption_prompt)["input_ids"]),
         "lyric_tokens": len(tokenizer(items[0].lyric_prompt)["input_ids"]),
         "cpu_resample_s_per_song": cpu_prep_s(args.seconds),
@@ -330,19 +403,25 @@ def main() -> None:
             if mode != "none" and path != "old":
                 continue  # the fast path has its own compile option (fast-compile)
             sweep = [
-                (int(chunk), int(windows), release)
+                (int(chunk), int(windows), release, codes_pass, cap)
                 for chunk in args.vae_chunk.split(",")
                 for windows in args.vae_batch_windows.split(",")
                 for release in releases
+                for codes_pass in code_passes
+                for cap in caps
             ]
-            for chunk, windows, release in sweep:
+            for chunk, windows, release, codes_pass, cap in sweep:
                 case: dict[str, Any] = {
                     "vae_path": path,
                     "compile": mode,
                     "vae_chunk_frames": chunk,
                     "vae_batch_windows": windows,
                     "release_cache": release,
+                    "codes_pass": codes_pass,
+                    "memory_cap_gib": cap,
                 }
+                if codes_pass != "off":
+                    case["codes_margin"] = args.codes_margin
                 if args.budget_s and time.perf_counter() - started > args.budget_s:
                     case["skipped"] = "time budget"
                     cases.append(case)
@@ -354,6 +433,7 @@ def main() -> None:
                 encoder = vae = None
                 gc.collect()
                 torch.cuda.empty_cache()
+                torch.cuda.set_per_process_memory_fraction(1.0)  # the last case's cap, undone
                 torch.cuda.reset_peak_memory_stats()
                 vae = build_vae(device, dtype)
                 if mode != "none":
@@ -363,6 +443,9 @@ def main() -> None:
                     vae_overlap_frames=args.vae_overlap,
                     vae_batch_frames=windows * chunk,
                     release_cache_between_stages=release == "on",
+                    codes_fast_pass=codes_pass,
+                    codes_recheck_margin=args.codes_margin,
+                    memory_cap_gib=cap,
                 )
                 fast = VAE_PATHS[path]
                 encoder = Encoder(

@@ -52,6 +52,9 @@ class AuditionAppConfig(BaseModel):
     dit: str | None = None  # DiT folder for the detokenizer and DiT audition; default: a turbo
     enable_dit: bool = True
     decode_mode: str = "auto"  # auto (CUDA graphs on CUDA, eager on CPU) | eager | static | graph
+    # auto: adapters fold into a copy of the weights they adapt when decoding is captured
+    # (graph/compiled), for the base's step speed and its compiled code; on | off
+    merge_adapters: str = "auto"
     warm_planner: bool = True  # graph/compiled: capture the 30 s and 240 s steps at replica start
     decoder_gpus: float = 0.25  # fractional: the decoder shares a card
     lm_gpus: float = 0.5
@@ -112,6 +115,7 @@ class PlannerDeployment:
             device=cfg.device,
             dtype=cfg.dtype,
             decode_mode=cfg.decode_mode,
+            merge_adapters=cfg.merge_adapters,
         )
         if cfg.warm_planner and self.planner.decode_mode in CAPTURED:
             # the replica pays the compile/capture at start, not its first requests (1.7B,

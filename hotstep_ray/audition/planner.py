@@ -16,6 +16,15 @@ Adapters are loaded by catalogue id onto a *shared copy* of the base LM (new mod
 same weight tensors), so the base model never carries an adapter: a base request is
 byte-identical to an adapterless run whatever adapters are cached. `adapter()` keeps an LRU of
 loaded adapters (the plain-class form of `serve.multiplexed`); Serve calls `load_adapter`.
+
+Merged adapters (`merge_adapters`, auto = with the captured engines on CUDA): a request on an
+adapter decodes on `merged_model`, the adapter folded into fresh copies of the weights it adapts
+at the request's scale and its layers unwrapped. That model has the base's module structure, so
+the base's compiled step code serves it (no compile on an adapter's first request) and a step
+runs no adapter GEMMs (1.7B, LoRA r16 on every projection, compiled, H200: 164.5 codes/s unmerged
+against 276.4 for the base). Its cost: the adapted weights once more per adapter kept (LoRA on
+every projection of the 1.7B: ~2.6 GiB), and its codes differ from the unmerged forward's by
+the rounding of W + ΔW.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from hotstep_ray.audition import catalogue
 from hotstep_ray.audition.checkpoints import pick
 from hotstep_ray.audition.codes import CODE_HZ, NUM_CODES, codes_sha1
 from hotstep_ray.audition.lm_decode import (
+    CAPTURED,
     Sampling,
     Stepper,
     combine_cfg,
@@ -73,6 +83,7 @@ SAMPLING_FIELDS = {f.name for f in dataclasses.fields(Sampling)}  # request fiel
 # template and CoT. Any prompt up to ~850 tokens puts 30 s (150 codes) in the 1024 bucket and
 # 240 s (1,200 codes) in the 2048 one: those measured on an H200 for real 30 s and 240 s songs.
 WARM_TEXT_TOKENS = 512
+MAX_MERGED = 2  # adapters holding a merged copy at once (`PlannerLM._merged`)
 
 
 def shared_copy(module: torch.nn.Module, share: Iterable[object] = ()) -> torch.nn.Module:
@@ -81,6 +92,25 @@ def shared_copy(module: torch.nn.Module, share: Iterable[object] = ()) -> torch.
     `share` are shared too instead of copied."""
     memo = {id(t): t for t in itertools.chain(module.parameters(), module.buffers(), share)}
     return copy.deepcopy(module, memo)
+
+
+def merged_model(adapted: torch.nn.Module, scale: float) -> torch.nn.Module:
+    """`adapted` (a shared copy carrying an adapter) as a plain model: ΔW·scale added into fresh
+    copies of the adapted layers' weights, each adapter layer replaced by its base layer. Every
+    other tensor stays the base's; `adapted` and the base are left untouched."""
+    from hotstep_ray.training import adapters
+
+    model = shared_copy(adapted)
+    layers = list(adapters.tuner_layers(model))
+    for _, layer in layers:  # the copy's own weight tensors: peft merges in place
+        base = layer.get_base_layer()
+        base.weight = torch.nn.Parameter(base.weight.detach().clone(), requires_grad=False)
+    adapters.set_scale(model, scale)
+    adapters.merge(model)
+    for path, layer in layers:
+        parent, _, name = path.rpartition(".")
+        setattr(model.get_submodule(parent), name, layer.get_base_layer())
+    return model
 
 
 class AdapterCache(Generic[T]):
@@ -121,6 +151,7 @@ class LoadedLm:
     # into its kernels (a compiled step into its code), so an engine built at one scale must not
     # serve another.
     scale: float = 1.0
+    merged: LoadedLm | None = None  # `merged_model` at `merged.scale` (merge_adapters on)
 
 
 @dataclass
@@ -183,15 +214,23 @@ class PlannerLM:
         decode_mode: str = "auto",
         max_adapters: int = 4,
         compile_mode: str | None = None,
+        merge_adapters: str = "auto",
     ) -> None:
         """`decode_mode`: auto (CUDA graphs on CUDA, eager on the CPU), eager, static, graph,
-        compiled (Inductor step in a CUDA graph; `compile_mode` is its Inductor mode)."""
+        compiled (Inductor step in a CUDA graph; `compile_mode` is its Inductor mode).
+        `merge_adapters`: on | off | auto (on with the captured engines, graph and compiled)."""
+        if merge_adapters not in ("auto", "on", "off"):
+            raise InputError(f"merge_adapters must be auto, on or off, not {merge_adapters!r}")
         self.base = LoadedLm(name="", model=lm.eval().requires_grad_(False))
         self.tokenizer, self.lm_size, self.storage = tokenizer, lm_size, storage
         self.device = next(lm.parameters()).device
         self.decode_mode, self.max_adapters = resolve_mode(decode_mode, self.device), max_adapters
         self.compile_mode = compile_mode
+        self.merge_adapters = merge_adapters == "on" or (
+            merge_adapters == "auto" and self.decode_mode in CAPTURED
+        )
         self._adapters = AdapterCache(self.load_adapter, max_adapters)
+        self._merged_lru: OrderedDict[int, LoadedLm] = OrderedDict()
         self._lock = threading.RLock()
 
     @classmethod
@@ -443,6 +482,8 @@ class PlannerLM:
         """The model a request runs on and its adapter scale (set on the adapter's layers)."""
         loaded = adapter or self.base
         scale = request.lm_adapter_scale if adapter else 1.0
+        if adapter is not None and self.merge_adapters:
+            return self._merged(adapter, scale), scale
         if adapter is not None:
             from hotstep_ray.training.adapters import set_scale
 
@@ -451,6 +492,27 @@ class PlannerLM:
                 adapter.steppers.clear()
                 adapter.scale = scale
         return loaded, scale
+
+    def _merged(self, adapter: LoadedLm, scale: float) -> LoadedLm:
+        """`adapter` merged at `scale`, built on first use. At most `MAX_MERGED` adapters keep a
+        merged copy (the least recently used gives its copy up), so memory stays bounded by
+        what an A/B of two adapters needs whatever the adapter cache holds."""
+        key = id(adapter)
+        if adapter.merged is None or adapter.merged.scale != scale:
+            adapter.merged = None  # the old copy's memory first
+            adapter.merged = LoadedLm(
+                name=adapter.name,
+                model=merged_model(adapter.model, scale),
+                key=adapter.key,
+                trigger=adapter.trigger,
+                scale=scale,
+            )
+        self._merged_lru[key] = adapter
+        self._merged_lru.move_to_end(key)
+        while len(self._merged_lru) > MAX_MERGED:
+            _, oldest = self._merged_lru.popitem(last=False)
+            oldest.merged = None
+        return adapter.merged
 
     def _prepare(self, request: LmRequest, adapter: LoadedLm | None, scale: float) -> _Job:
         """Seed, sampling, trigger, phase 1 when metas are missing, the phase-2 prompts."""

@@ -84,6 +84,22 @@ class TokenizeOutput:
     pooled_mask: torch.Tensor  # [B, T5] max of the frame mask over each 5-frame window
 
 
+def pad_to_window(latents: torch.Tensor, silence_latent: torch.Tensor, window: int) -> torch.Tensor:
+    """[B, T, C] -> [B, ceil(T / window) * window, C]: right-padded with the first frames of
+    `silence_latent` [1, N, C] (the official tokenizer's padding; see `tokenize_latents`)."""
+    batch, frames, channels = latents.shape
+    pad = (-frames) % window
+    if not pad:
+        return latents
+    if silence_latent.shape[1] < pad or silence_latent.shape[-1] != channels:
+        raise ValueError(
+            f"silence_latent {tuple(silence_latent.shape)} cannot pad {pad} frames of "
+            f"{channels}-dim latents"
+        )
+    filler = silence_latent[:1, :pad].to(device=latents.device, dtype=latents.dtype)
+    return torch.cat([latents, filler.expand(batch, -1, -1)], dim=1)
+
+
 def tokenize_latents(
     tokenizer: AceStepAudioTokenizer,
     latents: torch.Tensor,
@@ -99,19 +115,13 @@ def tokenize_latents(
     - indices are int32 (diffusers returns int64; same values).
     The FSQ itself runs in float32 inside diffusers regardless of the model dtype.
     """
-    batch, frames, channels = latents.shape
+    batch, frames, _ = latents.shape
     window = tokenizer.pool_window_size
     if attention_mask is None:
         attention_mask = torch.ones(batch, frames, device=latents.device, dtype=latents.dtype)
-    pad = (-frames) % window
+    latents = pad_to_window(latents, silence_latent, window)
+    pad = latents.shape[1] - frames
     if pad:
-        if silence_latent.shape[1] < pad or silence_latent.shape[-1] != channels:
-            raise ValueError(
-                f"silence_latent {tuple(silence_latent.shape)} cannot pad {pad} frames of "
-                f"{channels}-dim latents"
-            )
-        filler = silence_latent[:1, :pad].to(device=latents.device, dtype=latents.dtype)
-        latents = torch.cat([latents, filler.expand(batch, -1, -1)], dim=1)
         attention_mask = torch.nn.functional.pad(attention_mask, (0, pad), value=0)
     quantized, indices = tokenizer.tokenize(latents)
     pooled = attention_mask.to(latents.dtype).reshape(batch, -1, window).amax(dim=-1)

@@ -10,7 +10,9 @@ Per song (shapes per sample; T latent frames at 25 Hz, T5 = ceil(T / 5) codes at
   no padding: batches pad to the longest and each row is cut back to its valid tokens (the
   condition encoder packs valid tokens first).
 - context_latents [T, 128]: silence_latent[:T] ‖ ones (text2music context without LM hints).
-- audio_codes [T5]: FSQ indices of the audio tokenizer, run in float32.
+- audio_codes [T5]: FSQ indices of the float32 audio tokenizer: on CUDA by default a TF32 pass
+  whose windows near an FSQ floor boundary are recomputed in float32 (`fsq_fast`; same codes,
+  `EncoderSettings.codes_fast_pass` / `codes_recheck_margin`).
 - an optional genre variant of the condition (caption text = genre) for training-time swaps.
 
 The VAE runs through `hotstep_ray.models.oobleck_fast` on CUDA by default (folded weight norm,
@@ -23,6 +25,7 @@ other sizes. With `EncoderSettings.release_cache_between_stages` (default on) `e
 the unused blocks after the VAE and after the codes stage, so the stages do not each keep their
 own (H200, 8 x 240 s, four 1536-frame windows per forward: 19.5 -> 18.1 GiB peak reserved at the
 same speed; `release_cached_blocks`, shared with the fast VAE's graph capture).
+`EncoderSettings.memory_cap_gib` caps the allocator per process (`apply_memory_cap`).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from collections.abc import Sequence
 import torch
 
 from hotstep_ray.models.acestep_dit import resolve_device_dtype
-from hotstep_ray.models.acestep_wrappers import tokenize_latents
+from hotstep_ray.models.fsq_fast import fast_codes, resolve_fast_pass
 from hotstep_ray.models.lm_tokenizer import load_tokenizer
 from hotstep_ray.models.oobleck_fast import (
     FastOobleck,
@@ -57,7 +60,14 @@ CODES_FRAMES_PER_CALL = 12_000  # latent frames per audio-tokenizer call (two 24
 TIMBRE_FRAMES = 750  # 30 s of 25 Hz frames: the reference-audio length inference uses
 
 
-__all__ = ["Encoder", "fold_weight_norm", "release_cached_blocks", "repeat_frames"]
+__all__ = [
+    "Encoder",
+    "apply_memory_cap",
+    "fold_weight_norm",
+    "memory_cap_fraction",
+    "release_cached_blocks",
+    "repeat_frames",
+]
 
 
 def repeat_frames(frames: torch.Tensor, count: int) -> torch.Tensor:
@@ -67,6 +77,37 @@ def repeat_frames(frames: torch.Tensor, count: int) -> torch.Tensor:
         return frames[:count]
     reps = -(-count // frames.shape[0])
     return frames.repeat(reps, 1)[:count]
+
+
+def memory_cap_fraction(cap_gib: float, total_bytes: int) -> float | None:
+    """The `torch.cuda.set_per_process_memory_fraction` value for a cap of `cap_gib` GiB on a
+    device of `total_bytes`; None for no cap (0)."""
+    if cap_gib < 0:
+        raise ValueError(f"memory cap must be >= 0 GiB, got {cap_gib}")
+    if cap_gib == 0:
+        return None
+    cap_bytes = cap_gib * 2**30
+    if cap_bytes > total_bytes:
+        raise ValueError(
+            f"memory cap {cap_gib} GiB exceeds the device's {total_bytes / 2**30:.1f} GiB"
+        )
+    return cap_bytes / total_bytes
+
+
+def apply_memory_cap(cap_gib: float, device: torch.device) -> float | None:
+    """On CUDA, cap the caching allocator of this process on `device` at `cap_gib` GiB: past it,
+    the allocator frees its cached blocks and retries before it raises out-of-memory, so an actor
+    sharing a GPU stays within its share. Returns the fraction set; None (nothing set) off CUDA
+    or for 0."""
+    device = torch.device(device)
+    if device.type != "cuda" or cap_gib == 0:
+        return None
+    # torch takes an index here, not a bare "cuda": that is the current device
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    fraction = memory_cap_fraction(cap_gib, total)
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
+    return fraction
 
 
 class Encoder:
@@ -87,6 +128,11 @@ class Encoder:
     ) -> None:
         """`fast_vae`: None = on for CUDA. Weight norm is folded either way (otherwise every
         forward recomputes g * v / |v| for all ~100 VAE convs, ~10% of a CPU encode)."""
+        apply_memory_cap(settings.memory_cap_gib, device)
+        # "auto" resolved once; "tf32" on a non-CUDA device fails here, not mid-batch.
+        self.codes_fast_pass = resolve_fast_pass(settings.codes_fast_pass, device)
+        # The last `codes` call's {"fast_pass", "windows", "rechecked"} (logs and the bench).
+        self.last_codes_stats: dict[str, int | str] = {}
         fold_weight_norm(vae)
         use_fast = fast_default(device) if fast_vae is None else fast_vae
         self.fast_vae = FastOobleck(vae, vae_options) if use_fast else None
@@ -137,13 +183,22 @@ class Encoder:
             out.append(mean + std * noise)
         return out
 
-    def codes(self, latents: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """[T, 64] latents per song -> [ceil(T / 5)] int64 FSQ indices per song (the tokenizer
-        in float32, silence-padded). Songs of equal length share a tokenizer call, up to
+    def codes(
+        self, latents: Sequence[torch.Tensor], fast_pass: str | None = None
+    ) -> list[torch.Tensor]:
+        """[T, 64] latents per song -> [ceil(T / 5)] int64 FSQ indices per song (the float32
+        tokenizer's codes, silence-padded). Songs of equal length share a tokenizer call, up to
         `CODES_FRAMES_PER_CALL` frames (docs/BENCHMARKS.md, H200, 8 x 240 s: codes 301-304 ms
         one song per call, 260 ms all 8 in one call, but peak memory rose 3.8 -> 8.8 GiB, so a
         call holds two such songs). Rows never mix:
-        the tokenizer pools each 5-frame window of each row on its own."""
+        the tokenizer pools each 5-frame window of each row on its own.
+
+        `fast_pass`: None = the settings' choice, else "off" | "tf32" | "bf16" (the bench's
+        float32 reference). Counts land in `last_codes_stats`."""
+        mode = (
+            self.codes_fast_pass if fast_pass is None else resolve_fast_pass(fast_pass, self.device)
+        )
+        margin = self.settings.codes_recheck_margin
         groups: dict[int, list[int]] = defaultdict(list)
         for index, z in enumerate(latents):
             groups[z.shape[0]].append(index)
@@ -153,11 +208,14 @@ class Encoder:
             calls += [members[i : i + rows] for i in range(0, len(members), rows)]
         out: list[torch.Tensor] = [torch.empty(0)] * len(latents)
         silence = self.dit.silence_latent.to(self.device)[None]  # [1, N, 64]
+        windows = rechecked = 0
         for members in calls:
             stacked = torch.stack([latents[i].float() for i in members])  # [G, T, 64]
-            indices = tokenize_latents(self.dit.audio_tokenizer, stacked, silence).indices
+            found = fast_codes(self.dit.audio_tokenizer, stacked, silence, mode, margin)
+            windows, rechecked = windows + found.windows, rechecked + found.rechecked
             for row, index in enumerate(members):
-                out[index] = indices[row, :, 0].long()
+                out[index] = found.indices[row, :, 0].long()
+        self.last_codes_stats = {"fast_pass": mode, "windows": windows, "rechecked": rechecked}
         return out
 
     def conditions(

@@ -4,6 +4,7 @@ write workers can unpickle rows without loading torch model libraries)."""
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +36,7 @@ class EncodedSample:
 # Latent frames per VAE encoder forward ([N, 2, frames * 1920] audio; ~1 GiB of bf16 activations
 # per 384 frames): one default 1536-frame window, or four 384-frame ones.
 VAE_BATCH_FRAMES = 1536
+CODES_FAST_PASSES = ("auto", "off", "tf32", "bf16")  # EncoderSettings.codes_fast_pass
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,35 @@ class EncoderSettings:
     # an actor reserves about its largest stage instead of the sum of all (no-op on the CPU;
     # outputs are unchanged either way).
     release_cache_between_stages: bool = True
+    # 5 Hz codes (`hotstep_ray.models.fsq_fast`): pass 1 in reduced precision, then the windows
+    # near an FSQ floor boundary recomputed in float32, so the codes stay the float32 ones.
+    # "auto" = "tf32" on CUDA, "off" elsewhere; "off" | "tf32" (CUDA only) | "bf16".
+    codes_fast_pass: str = "auto"
+    # The safety band, in FSQ level units: windows whose brackets lie within this distance of an
+    # integer are rechecked. It must exceed pass 1's bracket error; the GPU bench
+    # (`bench/preprocess_bench.py`) reports the measured max as `codes_max_level_error`. For
+    # evenly spread brackets, 1 - (1 - 2 * margin) ** 6 of the windows (6 dims) are rechecked:
+    # ~47 % at 0.05 (saturated dims sit at 0.5 and lower that).
+    codes_recheck_margin: float = 0.05
+    # CUDA: cap this process's caching allocator at this many GiB (0 = no cap), so an actor
+    # sharing a GPU frees cached blocks instead of growing past its share. No-op off CUDA.
+    memory_cap_gib: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.codes_fast_pass not in CODES_FAST_PASSES:
+            raise ValueError(
+                f"codes_fast_pass must be one of {CODES_FAST_PASSES}, got {self.codes_fast_pass!r}"
+            )
+        if not math.isfinite(self.codes_recheck_margin) or self.codes_recheck_margin < 0:
+            raise ValueError(
+                "codes_recheck_margin must be a finite number >= 0 (FSQ level units), got "
+                f"{self.codes_recheck_margin!r}"
+            )
+        if not math.isfinite(self.memory_cap_gib) or self.memory_cap_gib < 0:
+            raise ValueError(
+                f"memory_cap_gib must be a finite number >= 0 (0 = no cap), got "
+                f"{self.memory_cap_gib!r}"
+            )
 
 
 def noise_seed(seed: int, sample_id: str) -> int:

@@ -46,6 +46,7 @@ from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog, MetricEvent
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.models.acestep_dit import AceStepModels, load_acestep_dit
+from hotstep_ray.models.acestep_ops import TrainBatch
 from hotstep_ray.training import adapters, compiling, dit_data, dit_loss, dit_vram, export
 from hotstep_ray.training.accumulate import micro_batch_weights
 from hotstep_ray.training.adapters import AdapterSpec
@@ -158,6 +159,7 @@ class DitRun:
     compile: str = "off"  # the resolved compile mode of the blocks
     fold: int = 1  # micro-batches of a window run as one (`fold_factor`)
     graph_steps: int = 0  # steps run with CUDA graphs so far in this process (`guarded_step`)
+    prepared: PreparedWindow | None = None  # the next step's inputs, made during this backward
     started: float = field(default_factory=time.time)
 
     @property
@@ -578,6 +580,40 @@ def draw_window(run: DitRun, window: list[tuple[int, ...]], step: int) -> Window
     return WindowDraws(crops, ts, drops, dit_loss.normalize_window(weights, run.loss))
 
 
+def fold_groups(micro_batches: int, fold: int) -> list[range]:
+    """The planned micro-batches of a window, `fold` at a time: one forward each."""
+    return [range(i, min(i + fold, micro_batches)) for i in range(0, micro_batches, fold)]
+
+
+@dataclass
+class PreparedWindow:
+    """A window's draws and its forwards' inputs assembled on the host: what `optimizer_step`
+    makes for the next step while the GPU still runs this step's backward, so the gap between
+    two steps' kernels holds no host assembly (on CUDA the tensors are pinned, so the copy at
+    the next step's start does not wait for the stream)."""
+
+    step: int
+    window: list[tuple[int, ...]]
+    draws: WindowDraws
+    host: list[TrainBatch]  # one per fold group
+
+
+def prepare_window(run: DitRun, window: list[tuple[int, ...]], step: int) -> PreparedWindow:
+    draws = draw_window(run, window, step)
+    host = []
+    for group in fold_groups(len(window), run.fold):
+        batch = dit_data.assemble(run.cache, [c for i in group for c in draws.crops[i]], run.frames)
+        host.append(dit_data.pinned(batch) if run.device.type == "cuda" else batch)
+    return PreparedWindow(step, list(window), draws, host)
+
+
+def _take_prepared(run: DitRun, window: list[tuple[int, ...]], step: int) -> PreparedWindow:
+    ready, run.prepared = run.prepared, None
+    if ready is not None and ready.step == step and ready.window == list(window):
+        return ready
+    return prepare_window(run, window, step)
+
+
 def micro_batch_loss(
     run: DitRun,
     crops: list[dit_data.Crop],
@@ -585,10 +621,14 @@ def micro_batch_loss(
     cfg_drop: torch.Tensor,
     weights: torch.Tensor,
     noise_seeds: list[tuple[tuple[Any, ...], int]],
+    host: TrainBatch | None = None,
 ) -> dit_loss.LossOutput:
-    """Assemble, move and run one micro-batch (no backward). `noise_seeds`: (seed parts, rows)
-    per planned micro-batch it holds, so a folded one draws the same noise row for row."""
-    batch = dit_data.batch_to(dit_data.assemble(run.cache, crops, run.frames), run.device)
+    """Assemble (unless `host`, the crops already assembled), move and run one micro-batch (no
+    backward). `noise_seeds`: (seed parts, rows) per planned micro-batch it holds, so a folded
+    one draws the same noise row for row."""
+    if host is None:
+        host = dit_data.assemble(run.cache, crops, run.frames)
+    batch = dit_data.batch_to(host, run.device)
     shape = batch.target_latents.shape[1:]
     noise = torch.cat(
         [
@@ -645,15 +685,17 @@ class StepResult:
 GRAPH_TRIAL_STEPS = 3  # CUDA-graph trees warm up, record, then replay: a fault shows by step 3
 
 
-def guarded_step(run: DitRun, window: list[tuple[int, ...]]) -> StepResult:
+def guarded_step(
+    run: DitRun, window: list[tuple[int, ...]], next_window: list[tuple[int, ...]] | None = None
+) -> StepResult:
     """`optimizer_step`; when one of the first steps fails with CUDA graphs on, the blocks are
     recompiled without graphs and the step is redone (its draws are a function of the seed and
     the step, so the redo is the same step). A speed option never ends a run; running out of
     memory is not a graph fault and still raises."""
     if run.compile != "reduce-overhead" or run.graph_steps >= GRAPH_TRIAL_STEPS:
-        return optimizer_step(run, window)
+        return optimizer_step(run, window, next_window)
     try:
-        result = optimizer_step(run, window)
+        result = optimizer_step(run, window, next_window)
     except torch.cuda.OutOfMemoryError:
         raise
     except Exception as exc:  # noqa: BLE001 - any capture/replay fault: fall back
@@ -669,13 +711,20 @@ def guarded_step(run: DitRun, window: list[tuple[int, ...]]) -> StepResult:
         dynamo.reset()
         compile_blocks(run.transformer, "default")
         run.compile = "default"
-        return optimizer_step(run, window)
+        return optimizer_step(run, window, next_window)
     run.graph_steps += 1
     return result
 
 
-def optimizer_step(run: DitRun, window: list[tuple[int, ...]]) -> StepResult:
-    """One optimizer step over `grad_accum` micro-batches (see the module docstring)."""
+def optimizer_step(
+    run: DitRun,
+    window: list[tuple[int, ...]],
+    next_window: list[tuple[int, ...]] | None = None,
+) -> StepResult:
+    """One optimizer step over `grad_accum` micro-batches (see the module docstring).
+    `next_window`: the next step's window, whose inputs are prepared while this step's backward
+    runs on the GPU (`PreparedWindow`); the draws are a function of (seed, step), so they are
+    the ones that step would make itself."""
     started = time.perf_counter()
     step, rank = run.state.step, run.settings.rank
     # CUDA graphs: a new step (the last step's graph outputs are dead), and gradients that live
@@ -685,18 +734,20 @@ def optimizer_step(run: DitRun, window: list[tuple[int, ...]]) -> StepResult:
         torch.compiler.cudagraph_mark_step_begin()
     if run.settings.lora_dropout > 0:  # peft's dropout draws from the global RNG
         torch.manual_seed(dit_data.derived_seed(run.options.seed, "dropout", step, rank))
-    draws = draw_window(run, window, step)
+    prepared = _take_prepared(run, window, step)
+    draws = prepared.draws
     params = run.params
-    if graphs:
+    if graphs:  # buffers zeroed by the previous step's end (or just allocated as zeros)
         compiling.stable_grads(params)
-    run.optimizer.zero_grad(set_to_none=not graphs)
+    else:
+        run.optimizer.zero_grad(set_to_none=True)
     # The draws are made per planned micro-batch; `run.fold` of them then run as one.
-    groups = [range(i, min(i + run.fold, len(window))) for i in range(0, len(window), run.fold)]
+    groups = fold_groups(len(window), run.fold)
     shares = micro_batch_weights([sum(len(window[i]) for i in group) for group in groups])
     loss_sum = torch.zeros((), device=run.device)
     raw_sum = torch.zeros((), device=run.device)
     frames = 0
-    for group, share in zip(groups, shares, strict=True):
+    for group, share, host in zip(groups, shares, prepared.host, strict=True):
         out = micro_batch_loss(
             run,
             [crop for i in group for crop in draws.crops[i]],
@@ -704,11 +755,15 @@ def optimizer_step(run: DitRun, window: list[tuple[int, ...]]) -> StepResult:
             torch.cat([draws.cfg_drop[i] for i in group]),
             torch.cat([draws.weights[i] for i in group]),
             [((run.options.seed, "noise", step, rank, i), len(window[i])) for i in group],
+            host,
         )
         (out.loss * share).backward()
         loss_sum += out.loss.detach() * share
         raw_sum += out.raw_loss * share
         frames += sum(crop.frames for i in group for crop in draws.crops[i])
+        del out, host  # the pinned host copy returns to torch's host cache once copied
+    if next_window is not None:  # host work in the shadow of the queued backward
+        run.prepared = prepare_window(run, next_window, step + 1)
     if run.settings.world_size > 1:
         _all_reduce_grads(params, run.settings.world_size)
     clip = run.options.grad_clip if run.options.grad_clip > 0 else math.inf
@@ -740,7 +795,8 @@ def train(
     while not state.stop_reason:
         plan = epoch_windows(run, state.epoch)
         while state.window < len(plan):
-            result = guarded_step(run, plan[state.window])
+            upcoming = plan[state.window + 1] if state.window + 1 < len(plan) else None
+            result = guarded_step(run, plan[state.window], upcoming)
             if not result.finite:
                 state.stop_reason = "non_finite"
                 _log(

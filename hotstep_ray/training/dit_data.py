@@ -33,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -407,17 +407,28 @@ def scan_cache(storage: Storage, key: str) -> CacheShapes:
     return CacheShapes(songs, samples, longest, condition_len)
 
 
-def batch_to(batch: TrainBatch, device: torch.device, non_blocking: bool = True) -> TrainBatch:
-    def move(t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else t.to(device, non_blocking=non_blocking)
+def _map(batch: TrainBatch, fn: Callable[[torch.Tensor], torch.Tensor]) -> TrainBatch:
+    def apply(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else fn(t)
 
     return TrainBatch(
-        target_latents=move(batch.target_latents),
-        encoder_hidden_states=move(batch.encoder_hidden_states),
-        context_latents=move(batch.context_latents),
-        latent_mask=move(batch.latent_mask),
-        encoder_attention_mask=move(batch.encoder_attention_mask),
+        target_latents=apply(batch.target_latents),
+        encoder_hidden_states=apply(batch.encoder_hidden_states),
+        context_latents=apply(batch.context_latents),
+        latent_mask=apply(batch.latent_mask),
+        encoder_attention_mask=apply(batch.encoder_attention_mask),
     )
+
+
+def pinned(batch: TrainBatch) -> TrainBatch:
+    """The batch in page-locked host memory (torch's host cache reuses the blocks): a copy to the
+    GPU from it is truly asynchronous, where one from pageable memory first waits for the
+    stream to drain."""
+    return _map(batch, lambda t: t.pin_memory())
+
+
+def batch_to(batch: TrainBatch, device: torch.device, non_blocking: bool = True) -> TrainBatch:
+    return _map(batch, lambda t: t.to(device, non_blocking=non_blocking))
 
 
 def valid_frames(batch: TrainBatch) -> int:

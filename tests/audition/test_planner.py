@@ -244,3 +244,54 @@ def test_a_batch_on_an_adapter(planner):
     assert all(b.lm_adapter == "band" and b.lm_adapter_scale == 0.5 for b in batched)
     assert (4, 0) in planner.adapter("band").steppers
     assert [_fields(b) for b in batched] == [_fields(planner.generate(r)) for r in requests]
+
+
+def test_merged_adapters_decode_like_the_adapter_on_the_base_structure(planner, runs):
+    """merge_adapters on: the adapter's side runs on a plain model (no adapter layers, the
+    base's module structure) with ΔW·scale in fresh weight copies; its codes equal the unmerged
+    run's (float32 here), the base weights and codes are untouched, a new scale re-merges, and
+    only MAX_MERGED adapters keep a copy."""
+    from hotstep_ray.audition import planner as planner_module
+    from hotstep_ray.training.adapters import tuner_layers
+
+    merged = PlannerLM(
+        planner.base.model,
+        planner.tokenizer,
+        lm_size="0.6B",
+        storage=planner.storage,
+        merge_adapters="on",
+    )
+    assert not planner.merge_adapters  # auto: eager on the CPU keeps the adapter layers
+    before = {k: v.clone() for k, v in planner.base.model.state_dict().items()}
+    request = _request(duration=2, lm_seed=9, lm_adapter="band", use_trigger=False)
+    for scale in (1.0, 0.5):
+        want = planner.generate(request.model_copy(update={"lm_adapter_scale": scale}))
+        got = merged.generate(request.model_copy(update={"lm_adapter_scale": scale}))
+        assert got.codes == want.codes and got.lm_adapter_scale == scale
+    loaded = merged.adapter("band")
+    assert loaded.merged is not None and loaded.merged.scale == 0.5
+    model = loaded.merged.model
+    assert not list(tuner_layers(model)) and list(tuner_layers(loaded.model))
+    base_names = [n for n, _ in planner.base.model.named_modules()]
+    assert [n for n, _ in model.named_modules()] == base_names  # the base's structure
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert model.state_dict()[q].data_ptr() != planner.base.model.state_dict()[q].data_ptr()
+    embed = "model.embed_tokens.weight"  # not adapted: shared, no copy
+    assert model.state_dict()[embed].data_ptr() == planner.base.model.state_dict()[embed].data_ptr()
+    for key, value in planner.base.model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    assert (
+        merged.generate(_request(duration=2, lm_seed=9)).codes
+        == planner.generate(_request(duration=2, lm_seed=9)).codes
+    )
+    other = merged.adapter(runs["lm"].removeprefix("adapters/"))
+    merged.generate(request.model_copy(update={"lm_adapter": other.name}))
+    assert planner_module.MAX_MERGED == 2 and loaded.merged is not None
+    third = PlannerLM(planner.base.model, planner.tokenizer, lm_size="0.6B", merge_adapters="on")
+    names = ("band", runs["lm"].removeprefix("adapters/"), "band")
+    first, second, last = (merged.load_adapter(name) for name in names)  # three objects
+    for adapter in (first, second, last):  # three adapters: the oldest gives its copy up
+        third.generate(_request(duration=1, lm_seed=1), adapter)
+    assert first.merged is None and second.merged is not None and last.merged is not None
+    with pytest.raises(InputError, match="merge_adapters"):
+        PlannerLM(planner.base.model, planner.tokenizer, lm_size="0.6B", merge_adapters="yes")

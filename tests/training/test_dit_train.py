@@ -308,6 +308,31 @@ def test_graph_mode_accumulates_into_stable_gradient_buffers(
         torch.testing.assert_close(value, adapters.adapter_state_dict(eager.transformer)[key])
 
 
+def test_inputs_prepared_during_the_previous_backward_give_the_same_steps(
+    storage, tiny_dit_dir, single_thread
+) -> None:
+    """`optimizer_step(next_window=...)` assembles the next step's inputs early; the steps that use
+    them equal steps that assemble their own, and a prepared window for another step is not used."""
+    options = fast_options(grad_accum=2, batch=2)
+    plain = dit.setup(options, storage, SLUG, settings(tiny_dit_dir))
+    ahead = dit.setup(options, storage, SLUG, settings(tiny_dit_dir))
+    windows = [dit.epoch_windows(plain, epoch)[0] for epoch in range(3)]
+    want = [dit.optimizer_step(plain, w) for w in windows]
+    ahead.prepared = dit.prepare_window(ahead, windows[1], 7)  # another step's: ignored
+    got = [dit.optimizer_step(ahead, windows[0], windows[1])]
+    assert ahead.prepared is not None and ahead.prepared.step == 1
+    assert ahead.prepared.window == list(windows[1])
+    got += [
+        dit.optimizer_step(ahead, windows[1], windows[2]),
+        dit.optimizer_step(ahead, windows[2]),
+    ]
+    assert ahead.prepared is None
+    assert [g.loss for g in got] == [w.loss for w in want]
+    assert [g.grad_norm for g in got] == [w.grad_norm for w in want]
+    for key, value in adapters.adapter_state_dict(ahead.transformer).items():
+        assert torch.equal(value, adapters.adapter_state_dict(plain.transformer)[key]), key
+
+
 def test_a_graph_fault_in_the_first_steps_falls_back_to_plain_compiled_blocks(
     storage, tiny_dit_dir, single_thread, monkeypatch
 ) -> None:
@@ -325,11 +350,11 @@ def test_a_graph_fault_in_the_first_steps_falls_back_to_plain_compiled_blocks(
     monkeypatch.setattr(dit, "compile_blocks", lambda transformer, mode: recompiled.append(mode))
     real_step, calls = dit.optimizer_step, []
 
-    def faulty(run_, window_):
+    def faulty(run_, window_, next_window=None):
         calls.append(run_.compile)
         if len(calls) == 1:
             raise RuntimeError("CUDA graph replay overwrote a live tensor")
-        return real_step(run_, window_)
+        return real_step(run_, window_, next_window)
 
     monkeypatch.setattr(dit, "optimizer_step", faulty)
     got = dit.guarded_step(run, window)
@@ -341,7 +366,7 @@ def test_a_graph_fault_in_the_first_steps_falls_back_to_plain_compiled_blocks(
     oom = dit.setup(options, storage, SLUG, settings(tiny_dit_dir))
     oom.compile = "reduce-overhead"
 
-    def out_of_memory(run_, window_):
+    def out_of_memory(run_, window_, next_window=None):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory")
 
     monkeypatch.setattr(dit, "optimizer_step", out_of_memory)

@@ -278,3 +278,22 @@ def test_hybrid_state_dict_round_trip(make_toy, toy_inputs):
         assert torch.equal(value, adapters.adapter_state_dict(model_b)[key]), key
     with pytest.raises(ValueError, match="parts"):
         opt_b.load_state_dict({"adamw": opt_a.state_dict()["adamw"]})
+
+
+def test_zero_grad_keeps_the_buffers_and_zeroes_them_in_one_call(make_toy, monkeypatch):
+    lokr = adapters.inject(make_toy(0), AdapterSpec(kind="lokr", rank=8, alpha=4, factor=4))
+    named = adapters.trainable_parameters(lokr)
+    opt = optim.build_optimizer(named, "muon", lr=1e-3)  # both halves: Muon and AdamW
+    params = [p for _, p in named]
+    for param in params:
+        param.grad = torch.randn_like(param)
+    buffers = [param.grad for param in params]
+    calls = []
+    real = torch._foreach_zero_
+    monkeypatch.setattr(torch, "_foreach_zero_", lambda ts: (calls.append(len(ts)), real(ts)))
+    opt.zero_grad(set_to_none=False)  # the CUDA-graph trainers' stable buffers
+    assert calls == [len(params)]
+    assert all(p.grad is b for p, b in zip(params, buffers, strict=True))
+    assert all(not b.any() for b in buffers)
+    opt.zero_grad(set_to_none=True)
+    assert all(p.grad is None for p in params)
