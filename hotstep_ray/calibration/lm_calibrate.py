@@ -159,6 +159,10 @@ class LmWorkerSpec:
     dtype: str | None = None
     decode_mode: str = "auto"  # CUDA graphs on CUDA, eager on CPU
     max_batch: int = DEFAULT_MAX_BATCH  # requests decoded together (1 = one at a time)
+    # Adapters stay unmerged here: each candidate and scale would get a merged copy of the
+    # adapted weights (4B, every projection: ~6.6 GiB each, two kept), which a worker sized for
+    # the LM alone may not have; the sweep's own measured speed is the unmerged one.
+    merge_adapters: str = "off"
 
     def __call__(self) -> LmWorker:
         planner = PlannerLM.from_checkpoints(
@@ -167,6 +171,7 @@ class LmWorkerSpec:
             device=self.device,
             dtype=self.dtype,
             decode_mode=self.decode_mode,
+            merge_adapters=self.merge_adapters,
         )
         if self.expected_size and planner.lm_size != self.expected_size:
             raise InputError(

@@ -23,9 +23,9 @@ def serve_cmd(
     device: str = typer.Option("", help="cuda / cpu (default: cuda when present)."),
     no_dit: bool = typer.Option(False, "--no-dit", help="Skip the DiT audition deployment."),
     decode_mode: str = typer.Option(
-        "auto",
-        help="LM decoding: auto (CUDA graphs on CUDA), eager, static, graph or compiled "
-        "(graph + torch.compile of the step).",
+        "compiled",
+        help="LM decoding: compiled (a torch.compile'd step in a CUDA graph; static off CUDA), "
+        "auto (CUDA graphs on CUDA), eager, static or graph.",
     ),
     ray_address: str = typer.Option("", help="Join this Ray cluster (default: a local one)."),
 ) -> None:

@@ -69,6 +69,15 @@ def run(
     output_dir: str = typer.Option("", help="Variant folder name (default: the DiT's name)."),
     sidestep_pt: bool = typer.Option(False, help="Also write Side-Step's <stem>.pt files."),
     seed: int = typer.Option(0, min=0, help="Posterior-noise seed (mixed with sample ids)."),
+    codes_fast_pass: str = typer.Option(
+        "auto", help="5 Hz codes: auto (TF32 + float32 rechecks on CUDA) | off | tf32."
+    ),
+    codes_margin: float = typer.Option(
+        0.02, min=0, max=0.5, help="FSQ levels from a boundary that get a float32 recheck."
+    ),
+    gpu_memory_cap: float = typer.Option(
+        0.0, min=0, help="GiB per encoder process on CUDA (0 = no cap)."
+    ),
     batch_size: int = typer.Option(4, min=1, help="Songs per encoder call."),
     use_ray: bool = typer.Option(False, "--ray/--no-ray", help="Run on Ray Data."),
     ray_address: str = typer.Option("", help="Ray cluster to join (default: $RAY_ADDRESS)."),
@@ -98,6 +107,9 @@ def run(
         output_dir=output_dir,
         sidestep_pt=sidestep_pt,
         seed=seed,
+        codes_fast_pass=codes_fast_pass,
+        codes_recheck_margin=codes_margin,
+        gpu_memory_cap_gib=gpu_memory_cap,
     )
     from hotstep_ray.preprocess.ray_pipeline import RayPipelineConfig
     from hotstep_ray.preprocess.run import preprocess_dataset

@@ -24,7 +24,7 @@ from hotstep_ray.core.events import EventLog
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.distributed.runtime import ensure_ray
 from hotstep_ray.preprocess.cache import SampleOutputs, write_outputs
-from hotstep_ray.preprocess.items import VAE_BATCH_FRAMES, EncoderSettings
+from hotstep_ray.preprocess.items import VAE_BATCH_FRAMES, EncoderSettings, allocator_env
 from hotstep_ray.preprocess.model_paths import ModelPaths
 from hotstep_ray.preprocess.plan import PreprocessRunOptions, RunPlan, SampleJob
 from hotstep_ray.preprocess.stages import (
@@ -113,6 +113,13 @@ def _write_row(row: dict[str, Any], root: str, storage_options: dict, tensor_dir
     return {"sample_id": job.sample_id, "entry": row["entry"], "codes_line": row["codes_line"]}
 
 
+def encoder_remote_args(gpus: float) -> dict[str, Any]:
+    """Extra actor options of a GPU encoder: the allocator configuration it must start with
+    (`allocator_env`), as Ray merges an actor's env_vars into the job's."""
+    env = allocator_env() if gpus > 0 else {}
+    return {"runtime_env": {"env_vars": env}} if env else {}
+
+
 def run_ray(
     storage: Storage,
     plan: RunPlan,
@@ -153,6 +160,7 @@ def run_ray(
         ),
         num_gpus=gpus,
         num_cpus=config.num_cpus_per_actor,
+        **encoder_remote_args(gpus),
     )
     dataset = dataset.map(
         _write_row,

@@ -8,6 +8,7 @@ costs a dataset.json read, a listing and a few header reads.
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -86,8 +87,13 @@ def run_local(
     """Encode `plan.jobs` in this process (jobs are already sorted shortest first). The next
     batch decodes on worker threads while the current one encodes (libsndfile and torch's
     resampling convolution release the GIL), so a GPU does not wait on the CPU between batches."""
-    from hotstep_ray.preprocess.encode import Encoder
+    import torch
 
+    from hotstep_ray.preprocess.encode import Encoder
+    from hotstep_ray.preprocess.items import allocator_env
+
+    if not torch.cuda.is_initialized():  # torch reads it when CUDA starts in this process
+        os.environ.update(allocator_env())
     opts = plan.options
     encoder = Encoder.load(plan.paths, encoder_settings(opts, vae_batch_frames), device)
     info = plan_info(plan)

@@ -82,6 +82,9 @@ def encoder_settings(
         max_lyric_tokens=opts.max_lyric_tokens,
         vae_batch_frames=vae_batch_frames,
         seed=opts.seed,
+        codes_fast_pass=opts.codes_fast_pass,
+        codes_recheck_margin=opts.codes_recheck_margin,
+        memory_cap_gib=opts.gpu_memory_cap_gib,
     )
 
 

@@ -81,3 +81,20 @@ def test_a_batched_adapter_item(planner, calls, tmp_path, lm_tree, write_lm_lora
     assert len(set(result.receipts)) == 3  # one receipt per request, seeds differ
     loaded = worker.adapter(LORA)
     assert loaded.scale == 0.5 and (4, 0) in loaded.steppers  # 2 requests x [cond, uncond]
+
+
+def test_calibration_workers_keep_adapters_unmerged(monkeypatch):
+    """A sweep would hold a merged weight copy per candidate; its workers ask for none."""
+    from hotstep_ray.audition.planner import PlannerLM
+    from hotstep_ray.calibration.lm_calibrate import LmWorkerSpec
+
+    seen: dict = {}
+
+    def from_checkpoints(checkpoints, **options):
+        seen.update(options)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(PlannerLM, "from_checkpoints", staticmethod(from_checkpoints))
+    with pytest.raises(RuntimeError, match="stop here"):
+        LmWorkerSpec(checkpoints="ckpt", data="data", lm="lm-0.6B")()
+    assert seen["merge_adapters"] == "off" and seen["decode_mode"] == "auto"

@@ -183,7 +183,7 @@ def test_settings_refuse_bad_values(field, value, message):
 def test_settings_defaults():
     settings = EncoderSettings()
     assert settings.codes_fast_pass == "auto"
-    assert settings.codes_recheck_margin == 0.05
+    assert settings.codes_recheck_margin == 0.02
     assert settings.memory_cap_gib == 0.0
 
 
