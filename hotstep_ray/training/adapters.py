@@ -180,12 +180,16 @@ def lokr_alpha(shape: LokrShape, spec: AdapterSpec) -> float:
 
 
 # How `kron_linear` mixes the w1 side. "gemm": a matmul with K = c (4 on 2B, 5 on XL), which
-# cuBLAS runs with unaligned low-occupancy kernels (the LoKR step's largest kernel on an H200).
-# "pointwise": `KronMix`, c multiply-adds per output that torch.compile fuses into one pass, with
-# the w1 gradient as one split-K GEMM. Same math; which is faster is measured, not assumed
-# (bench/dit_bench.py --kron-mix), so the default stays the measured path until then.
+# cuBLAS runs with unaligned low-occupancy kernels (the LoKR step's largest kernel on an H200),
+# then a transpose copy of the output. "pointwise": `KronMix`, c multiply-adds per output that
+# torch.compile fuses into one pass, with the w1 gradient as one split-K GEMM. "ordered": the
+# pointwise mix on whichever side makes the w2 GEMM smaller: w1 first when a <= c (the GEMM
+# then costs tokens·a·d·b instead of tokens·c·d·b and writes the output in its final layout;
+# 2B: every attention projection and the MLP's down), else w2 first as "pointwise". Same math;
+# which is faster is measured, not assumed (bench/dit_bench.py --kron-mix), so the default stays
+# the measured path until then.
 KRON_MIX = "gemm"
-KRON_MIXES = ("gemm", "pointwise")
+KRON_MIXES = ("gemm", "pointwise", "ordered")
 
 
 def mix_rows(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -239,12 +243,17 @@ def kron_linear(
     a, c = w1.shape
     lead = x.shape[:-1]
     h = x.reshape(*lead, c, -1)  # [..., c, d]
+    if KRON_MIX == "ordered" and a <= c:  # (w1 · X) · w2ᵀ: the GEMM's output is [..., a, b]
+        u = KronMix.apply(h, w1)  # [..., a, d]
+        y = u @ w2[1].T @ w2[0].T if isinstance(w2, tuple) else u @ w2.T
+        y = y.reshape(*lead, -1)
+        return y * scale if scale != 1.0 else y
     if isinstance(w2, tuple):
         h = h @ w2[1].T @ w2[0].T  # [..., c, r] -> [..., c, b]
     else:
         h = h @ w2.T  # [..., c, b]
     b = h.shape[-1]
-    if KRON_MIX == "pointwise":
+    if KRON_MIX in ("pointwise", "ordered"):
         y = KronMix.apply(h, w1).reshape(*lead, a * b)  # [..., a, b] -> row index i·b + j
     else:
         y = h.transpose(-1, -2) @ w1.T  # [..., b, a]

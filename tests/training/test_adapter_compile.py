@@ -19,6 +19,7 @@ CASES = {  # id -> (adapter kind, KRON_MIX)
     "lora": ("lora", "gemm"),
     "lokr-gemm": ("lokr", "gemm"),
     "lokr-pointwise": ("lokr", "pointwise"),
+    "lokr-ordered": ("lokr", "ordered"),
 }
 
 

@@ -197,27 +197,36 @@ def test_spec_from_route_options():
 
 
 @pytest.mark.parametrize("factored_w2", [False, True])
-def test_pointwise_kron_mix_gives_the_gemm_path_values_and_gradients(monkeypatch, factored_w2):
-    """The "pointwise" w1 mix (KronMix) against the GEMM path: same output and the same
-    gradients for x, w1 and w2, float64 (so any difference is a formula, not rounding)."""
+@pytest.mark.parametrize(
+    "w1_shape", [(5, 4), (3, 4)]
+)  # a > c: w2 first; a <= c: "ordered" w1 first
+def test_pointwise_kron_mixes_give_the_gemm_path_values_and_gradients(
+    monkeypatch, factored_w2, w1_shape
+):
+    """The "pointwise" and "ordered" w1 mixes (KronMix) against the GEMM path: same output and
+    the same gradients for x, w1 and w2, float64 (so any difference is a formula, not
+    rounding)."""
     generator = torch.Generator().manual_seed(4)
 
     def leaf(*shape):
         return torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True)
 
-    x, w1 = leaf(2, 7, 4 * 6), leaf(5, 4)
+    a, c = w1_shape
+    x, w1 = leaf(2, 7, c * 6), leaf(a, c)
     w2 = (leaf(3, 2), leaf(2, 6)) if factored_w2 else leaf(3, 6)
     weights = [w1, *(w2 if factored_w2 else (w2,))]
-    upstream = torch.randn(2, 7, 5 * 3, generator=generator, dtype=torch.float64)
-    results = []
+    upstream = torch.randn(2, 7, a * 3, generator=generator, dtype=torch.float64)
+    results = {}
     for mode in adapters.KRON_MIXES:
         monkeypatch.setattr(adapters, "KRON_MIX", mode)
         y = adapters.kron_linear(x, w1, w2, 0.7)
         grads = torch.autograd.grad((y * upstream).sum(), [x, *weights])
-        results.append((y.detach(), grads))
-    (y_gemm, g_gemm), (y_point, g_point) = results
-    torch.testing.assert_close(y_point, y_gemm, rtol=1e-12, atol=1e-12)
-    for got, want in zip(g_point, g_gemm, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        results[mode] = (y.detach(), grads)
+    y_gemm, g_gemm = results.pop("gemm")
     reference = F.linear(x.detach(), torch.kron(w1, w2[0] @ w2[1] if factored_w2 else w2) * 0.7)
-    torch.testing.assert_close(y_point, reference.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(y_gemm, reference.detach(), rtol=1e-12, atol=1e-12)
+    assert set(results) == {"pointwise", "ordered"}
+    for y_mode, g_mode in results.values():
+        torch.testing.assert_close(y_mode, y_gemm, rtol=1e-12, atol=1e-12)
+        for got, want in zip(g_mode, g_gemm, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
