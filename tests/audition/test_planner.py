@@ -295,3 +295,33 @@ def test_merged_adapters_decode_like_the_adapter_on_the_base_structure(planner, 
     assert first.merged is None and second.merged is not None and last.merged is not None
     with pytest.raises(InputError, match="merge_adapters"):
         PlannerLM(planner.base.model, planner.tokenizer, lm_size="0.6B", merge_adapters="yes")
+
+
+def test_a_merged_lokr_adapter_decodes_like_the_unmerged_one(planner):
+    """LM adapters default to LoKR: merging folds its Kronecker ΔW the same way."""
+    from hotstep_ray.audition.planner import LoadedLm, merged_model, shared_copy
+    from hotstep_ray.training import adapters
+
+    model = shared_copy(planner.base.model)
+    targets = adapters.LM_ATTENTION_TARGETS + adapters.MLP_TARGETS
+    adapters.inject(model, adapters.AdapterSpec(kind="lokr", rank=4, alpha=8, targets=targets))
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for param in adapters.adapter_parameters(model).values():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    model.eval().requires_grad_(False)
+    lokr = LoadedLm(name="lokr", model=model)
+    merged = PlannerLM(planner.base.model, planner.tokenizer, lm_size="0.6B", merge_adapters="on")
+    request = _request(duration=2, lm_seed=4)
+    base = planner.generate(request)
+    for scale in (1.0, 0.5):
+        scaled = request.model_copy(update={"lm_adapter_scale": scale})
+        want = planner.generate(scaled, lokr)
+        assert want.codes != base.codes  # the adapter matters
+        assert merged.generate(scaled, lokr).codes == want.codes
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        adapters.set_scale(model, 1.0)
+        torch.testing.assert_close(
+            merged_model(model, 1.0)(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-4
+        )
