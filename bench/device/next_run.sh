@@ -22,5 +22,5 @@ PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 140 python3 bench/prepr
 python3 -c "
 import json, os
 for c in json.load(open(os.environ['OUT'] + '/pre_profile.json'))['cases']:
-    print({k: c.get(k) for k in ('release_cache', 'audio_s_per_gpu_s', 'batch_ms_all', 'peak_reserved_gib', 'stage_ms', 'vae_top_kernels_ms', 'error')})
-" 2>&1 | cut -c1-2500
+    print({k: c.get(k) for k in ('release_cache', 'audio_s_per_gpu_s', 'batch_ms_all', 'peak_reserved_gib', 'stage_ms', 'outside_stages_ms', 'encode_profile', 'vae_top_kernels_ms', 'error')})
+" 2>&1 | cut -c1-4000
