@@ -42,7 +42,18 @@ def prepare(root: Path) -> tuple[Path, Storage]:
     return folder, storage
 
 
-def spec(folder: Path, mode: str, epochs: int, device: str, lr: float) -> lm.LmTrainSpec:
+def spec(
+    folder: Path,
+    mode: str,
+    epochs: int,
+    device: str,
+    lr: float,
+    checkpointing: str = "none",
+    run: str = "",
+) -> lm.LmTrainSpec:
+    """LoRA r4, AdamW, grad_accum 2, a third of the songs held out; rows padded to 64-token
+    multiples (several widths, several graphs). tests/training/test_lm_compile.py runs the
+    same spec on the CPU."""
     options = TrainLmOptions(
         lm_size="0.6B", adapter_type="lora", rank=4, alpha=8, optimizer="adamw",
         learning_rate=lr, epochs=epochs, grad_accum=2, loss_on_cot=False, init_adapter="",
@@ -53,8 +64,10 @@ def spec(folder: Path, mode: str, epochs: int, device: str, lr: float) -> lm.LmT
         lm_dir=str(folder),
         codes_key=CODES_KEY,
         artist="band",
-        engine=lm.LmEngine(device=device, compile=mode, checkpointing="none", pad_multiple=64),
-        run_key=f"adapters/lm-06b/band/{mode}",
+        engine=lm.LmEngine(
+            device=device, compile=mode, checkpointing=checkpointing, pad_multiple=64
+        ),
+        run_key=f"adapters/lm-06b/band/{run or mode}",
     )
 
 

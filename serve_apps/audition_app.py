@@ -18,6 +18,7 @@ where a by-value pickled function has no module globals to resolve strings again
 """
 
 import asyncio
+import os
 import sys
 from typing import Any
 
@@ -83,8 +84,6 @@ def _actor_options(
 ) -> dict[str, Any]:
     """Replica options: CPUs, and where there is a GPU its share plus `env` for the worker
     process (leaving out what the user's environment already sets)."""
-    import os
-
     options: dict[str, Any] = {"num_cpus": config.replica_cpus}
     if config.device != "cpu" and gpus > 0:
         import torch

@@ -514,19 +514,21 @@ class PlannerLM:
             oldest.merged = None
         return adapter.merged
 
-    def _prepare(self, request: LmRequest, adapter: LoadedLm | None, scale: float) -> _Job:
-        """Seed, sampling, trigger, phase 1 when metas are missing, the phase-2 prompts."""
-        loaded = adapter or self.base
+    def _prepare(self, request: LmRequest, loaded: LoadedLm, scale: float) -> _Job:
+        """Seed, sampling, trigger, phase 1 when metas are missing, the phase-2 prompts.
+        `loaded`: what `_use` chose (the base, the adapter or its merged copy): both phases run
+        on it."""
+        adapted = loaded is not self.base
         seed = request.lm_seed if request.lm_seed is not None and request.lm_seed >= 0 else None
         seed = secrets.randbits(31) if seed is None else seed
         gen = torch.Generator(device=self.device).manual_seed(seed)
         params = _sampling(request)
 
         trigger = None
-        if request.use_trigger and (adapter is not None or request.trigger):
+        if request.use_trigger and (adapted or request.trigger):
             override = TriggerInfo(word=request.trigger or "", placement=request.trigger_position)
-            if adapter is not None and self.storage is not None:
-                trigger = catalogue.resolve_trigger(self.storage, adapter.key, override)
+            if adapted and self.storage is not None:
+                trigger = catalogue.resolve_trigger(self.storage, loaded.key, override)
             else:
                 trigger = override.model_copy(update={"source": "override"})
         caption = catalogue.apply_triggers(request.caption, [trigger] if trigger else [])
@@ -596,7 +598,7 @@ class PlannerLM:
     def _plan(self, request: LmRequest, adapter: LoadedLm | None) -> Plan:
         start = time.perf_counter()
         loaded, scale = self._use(request, adapter)
-        job = self._prepare(request, adapter, scale)
+        job = self._prepare(request, loaded, scale)
         codes = self._phase2(loaded, job.rows, job.count, job.params, job.gen)
         return self._finish(job, codes, time.perf_counter() - start)
 
@@ -606,7 +608,7 @@ class PlannerLM:
         jobs, prepared_s = [], []
         for request in requests:
             start = time.perf_counter()
-            jobs.append(self._prepare(request, adapter, scale))
+            jobs.append(self._prepare(request, loaded, scale))
             prepared_s.append(time.perf_counter() - start)
         start = time.perf_counter()
         codes = self._phase2_batch(loaded, jobs)

@@ -147,15 +147,15 @@ def fast_codes(
     doc). `silence_latent` [1, N, C] pads T to a multiple of 5 as `tokenize_latents` does; the
     frame mask only shapes `tokenize_latents`' pooled mask, never the codes, so it is not taken.
     `mode`: "off" (plain float32), "tf32" or "bf16"; `margin` in level units (0 = no recheck)."""
-    windows = _windows(tokenizer, latents, silence_latent)  # [B, T5, 5, C]
-    total = windows.shape[0] * windows.shape[1]
-    if mode == "off":
-        return FastCodes(tokenize_latents(tokenizer, latents, silence_latent).indices, total, 0)
+    window = tokenizer.pool_window_size
+    total = latents.shape[0] * -(-latents.shape[1] // window)  # B * T5
     quantizer = tokenizer.quantizer
-    if quantizer.num_quantizers != 1:
+    if mode == "off" or quantizer.num_quantizers != 1:
         # Residual levels (scale < 1) quantize what pass 1's error left over, so a margin on the
-        # first level's brackets bounds nothing: everything in float32.
-        return FastCodes(tokenize_latents(tokenizer, latents, silence_latent).indices, total, total)
+        # first level's brackets bounds nothing: everything in float32 (all "rechecked").
+        indices = tokenize_latents(tokenizer, latents, silence_latent).indices
+        return FastCodes(indices, total, 0 if mode == "off" else total)
+    windows = _windows(tokenizer, latents, silence_latent)  # [B, T5, 5, C]
     pooled = _pooled(tokenizer, windows, mode)  # [B, T5, H]
     _, indices = quantizer(pooled)  # float32 FSQ, diffusers' code: [B, T5, 1] int64
     margins = boundary_margin(fsq_brackets(quantizer, pooled))  # [B, T5]

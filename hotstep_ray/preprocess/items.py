@@ -90,11 +90,10 @@ ALLOC_ENV = "PYTORCH_CUDA_ALLOC_CONF"
 ENCODER_ALLOC_CONF = "expandable_segments:True"
 
 
-def allocator_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+def allocator_env() -> dict[str, str]:
     """The environment an encoder process starts with (read by torch at CUDA start): ours,
     unless the user set their own allocator configuration."""
-    environ = os.environ if environ is None else environ
-    return {} if ALLOC_ENV in environ else {ALLOC_ENV: ENCODER_ALLOC_CONF}
+    return {} if ALLOC_ENV in os.environ else {ALLOC_ENV: ENCODER_ALLOC_CONF}
 
 
 def noise_seed(seed: int, sample_id: str) -> int:

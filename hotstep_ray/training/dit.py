@@ -761,7 +761,6 @@ def optimizer_step(
         loss_sum += out.loss.detach() * share
         raw_sum += out.raw_loss * share
         frames += sum(crop.frames for i in group for crop in draws.crops[i])
-        del out, host  # the pinned host copy returns to torch's host cache once copied
     if next_window is not None:  # host work in the shadow of the queued backward
         run.prepared = prepare_window(run, next_window, step + 1)
     if run.settings.world_size > 1:

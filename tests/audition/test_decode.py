@@ -38,15 +38,22 @@ def test_tiled_decode_equals_the_whole_decode(decoder):
     np.testing.assert_allclose(tiled.decode(latents).numpy(), whole.numpy(), atol=1e-5)
 
 
+def _whole_decode(tiny_tree, frames: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random latents [1, frames, 64] and their plain whole decode (the reference)."""
+    from hotstep_ray.models.text_models import load_vae
+
+    reference = load_vae(tiny_tree / "vae", device="cpu", dtype=torch.float32)
+    latents = torch.randn(1, frames, 64, generator=torch.Generator().manual_seed(seed))
+    return latents, TiledVaeDecoder(reference, whole_max_frames=1000, fast=False).decode(latents)
+
+
 def test_fast_tiled_decode_equals_the_whole_reference_decode(tiny_tree):
     """The fast path (forced on the CPU: folded weight norm, precomputed Snake, nhwc convs,
     windows of exactly `tile_frames`) reproduces the plain whole decode."""
     from hotstep_ray.models.oobleck_fast import OobleckFastOptions
     from hotstep_ray.models.text_models import load_vae
 
-    reference = load_vae(tiny_tree / "vae", device="cpu", dtype=torch.float32)
-    latents = torch.randn(1, 150, 64, generator=torch.Generator().manual_seed(1))
-    whole = TiledVaeDecoder(reference, whole_max_frames=1000, fast=False).decode(latents)
+    latents, whole = _whole_decode(tiny_tree, frames=150, seed=1)
     options = OobleckFastOptions(layout="nhwc")
     fast = TiledVaeDecoder(
         load_vae(tiny_tree / "vae", device="cpu", dtype=torch.float32),
@@ -64,7 +71,7 @@ def test_fast_tiled_decode_equals_the_whole_reference_decode(tiny_tree):
     scale = whole.abs().max()
     assert float((audio - whole).abs().max() / scale) < 1e-5
     with pytest.raises(ValueError, match="2 x overlap"):
-        TiledVaeDecoder(reference, tile_frames=64, overlap_frames=32, fast=False)
+        TiledVaeDecoder(fast.vae, tile_frames=64, overlap_frames=32, fast=False)
 
 
 @pytest.mark.parametrize(
@@ -132,9 +139,7 @@ def test_the_fast_paths_last_window_holds_only_the_tail(tiny_tree):
     whole decode. At the defaults a 240 s song decodes 6272 frames for its 6000, not 6912."""
     from hotstep_ray.models.text_models import load_vae
 
-    reference = load_vae(tiny_tree / "vae", device="cpu", dtype=torch.float32)
-    latents = torch.randn(1, 250, 64, generator=torch.Generator().manual_seed(2))
-    whole = TiledVaeDecoder(reference, whole_max_frames=1000, fast=False).decode(latents)
+    latents, whole = _whole_decode(tiny_tree, frames=250, seed=2)
     fast = TiledVaeDecoder(
         load_vae(tiny_tree / "vae", device="cpu", dtype=torch.float32),
         tile_frames=128,

@@ -268,6 +268,19 @@ def test_merged_adapters_decode_like_the_adapter_on_the_base_structure(planner, 
         want = planner.generate(request.model_copy(update={"lm_adapter_scale": scale}))
         got = merged.generate(request.model_copy(update={"lm_adapter_scale": scale}))
         assert got.codes == want.codes and got.lm_adapter_scale == scale
+    # no metas: phase 1 (the CoT) runs on the merged model at the request's scale too
+    planned = LmRequest(
+        caption="lofi", duration=1, lm_seed=3, max_cot_tokens=24, lm_adapter="band",
+        use_trigger=False, lm_adapter_scale=0.3, top_k=8,
+    )  # fmt: skip
+    phase1_models = []
+    phase1 = merged._phase1
+    merged._phase1 = lambda loaded, *args: phase1_models.append(loaded) or phase1(loaded, *args)
+    want, got = planner.generate(planned), merged.generate(planned)
+    assert got.phase1 and (got.cot, got.codes) == (want.cot, want.codes)
+    ran = merged.adapter("band").merged
+    assert phase1_models == [ran] and ran.scale == 0.3  # not the unmerged layers' scale
+    merged.generate(request.model_copy(update={"lm_adapter_scale": 0.5}))
     loaded = merged.adapter("band")
     assert loaded.merged is not None and loaded.merged.scale == 0.5
     model = loaded.merged.model

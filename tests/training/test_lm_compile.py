@@ -7,6 +7,7 @@ The GPU runs these graphs through Inductor's Triton code; here the same capture 
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,6 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from hotstep_ray.core.contracts import TrainLmOptions
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.models.tiny_tree import write_tiny_lm
 from hotstep_ray.training import adapters, compiling, lm, lm_data, lm_loss
 from hotstep_ray.training.adapters import AdapterSpec
 
@@ -282,34 +282,29 @@ def test_the_trainer_refuses_compile_on_the_cpu_before_loading_anything(tmp_path
         lm.setup_lm(spec, Storage(tmp_path / "data"))
 
 
+def _graph_check():
+    """bench/lm_graph_check.py: its tiny LM, songs and spec are this file's CPU runs."""
+    path = Path(__file__).resolve().parents[2] / "bench" / "lm_graph_check.py"
+    module_spec = importlib.util.spec_from_file_location("lm_graph_check", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+GRAPH_CHECK = _graph_check()
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> tuple[Path, Storage]:
     """The tiny LM (real tokenizer, embeddings scaled up as in test_lm_train.py) and six short
-    songs whose rows pad to different 64-token widths."""
-    root = tmp_path_factory.mktemp("lm-compile")
-    folder = write_tiny_lm(root / "ckpt" / "acestep-5Hz-lm-0.6B", embedding_scale=25)
-    storage = Storage(root / "data")
-    songs = lm_data.synthetic_songs(6, [4, 60, 5, 130, 3, 6], seed=5)  # 91-216 tokens
-    lm_data.write_lm_codes(storage.local_path(CODES_KEY), songs)
-    return folder, storage
+    songs (91-216 tokens) whose rows pad to different 64-token widths."""
+    return GRAPH_CHECK.prepare(tmp_path_factory.mktemp("lm-compile"))
 
 
 def _run_spec(folder: Path, run: str, compile: str) -> lm.LmTrainSpec:
-    options = TrainLmOptions(
-        lm_size="0.6B", adapter_type="lora", rank=4, alpha=8, optimizer="adamw",
-        learning_rate=1e-3, epochs=2, grad_accum=2, loss_on_cot=False, init_adapter="",
-        target_loss=0, milestone_step=0, holdout_fraction=0.34,
-    )  # fmt: skip
-    return lm.LmTrainSpec(
-        options=options,
-        lm_dir=str(folder),
-        codes_key=CODES_KEY,
-        artist="band",
-        # 64 pinned: several row widths (several graphs); left at 0, a 2-epoch run of short
-        # songs coarsens to one width (`lm_data.pick_pad_multiple`)
-        engine=lm.LmEngine(device="cpu", compile=compile, checkpointing="1", pad_multiple=64),
-        run_key=f"adapters/lm-06b/band/{run}",
-    )
+    # layer 0 checkpointed; 64-token rows pinned: several row widths (several graphs); left at 0,
+    # a 2-epoch run of short songs coarsens to one width (`lm_data.pick_pad_multiple`)
+    return GRAPH_CHECK.spec(folder, compile, 2, "cpu", 1e-3, checkpointing="1", run=run)
 
 
 @pytest.fixture(scope="module")
