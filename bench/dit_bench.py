@@ -91,7 +91,16 @@ def parse_args() -> argparse.Namespace:
         "--attention", default="sdpa", help="sdpa (the trainer's) | flex (experimental), comma list"
     )
     parser.add_argument(
-        "--kron-mix", default="gemm", choices=adapters.KRON_MIXES, help="LoKR w1-side mix"
+        "--kron-mix",
+        default=adapters.KRON_MIX,
+        choices=adapters.KRON_MIXES,
+        help="LoKR w1-side mix",
+    )
+    parser.add_argument(
+        "--kron-w1-grad",
+        default=adapters.KRON_W1_GRAD,
+        choices=adapters.KRON_W1_GRADS,
+        help="how the pointwise mixes compute the LoKR w1 gradient",
     )
     parser.add_argument(
         "--fold",
@@ -517,6 +526,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def main() -> int:
     args = parse_args()
     adapters.KRON_MIX = args.kron_mix  # before any LoKR forward (and before compiling)
+    adapters.KRON_W1_GRAD = args.kron_w1_grad
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     started = time.time()

@@ -58,6 +58,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, no install
 
+from hotstep_ray.models import oobleck_kernels  # noqa: E402
+from hotstep_ray.preprocess.items import EncoderSettings  # noqa: E402
+
+SWITCH = {"auto": None, "on": True, "off": False}  # --release-cache / --overlap values
+
 GIB = 1024**3
 LYRICS = " ".join(
     ["[verse]", "walking down the empty road tonight, city lights are fading out of sight"] * 40
@@ -189,14 +194,10 @@ def cpu_prep_s(seconds: float) -> float:
 
 
 def _unchecked(encoder, items) -> None:
-    """`Encoder.encode`'s work (and cache releases) without its NaN check."""
-    latents = encoder.latents(items)
-    encoder.release_between_stages()
-    encoder.conditions([i.caption_prompt for i in items], [i.lyric_prompt for i in items])
-    codes = encoder.codes(latents)
-    encoder.release_between_stages()
-    for z, c in zip(latents, codes, strict=True):
-        z.cpu(), c.cpu()
+    """`Encoder.encode`'s work (and cache releases, and overlap) without its NaN check."""
+    latents, conds, _, codes = encoder.encode_tensors(items, check_finite=False)
+    for z, c, (states, _, _) in zip(latents, codes, conds, strict=True):
+        z.cpu(), c.cpu(), states.cpu()
 
 
 def run_stage(encoder, fn: Callable[[], Any], release: bool) -> tuple[Any, dict[str, float]]:
@@ -307,8 +308,21 @@ def main() -> None:
     parser.add_argument("--vae-paths", default="old,fast", help=f"comma list of {list(VAE_PATHS)}")
     parser.add_argument(
         "--release-cache",
-        default="on",
-        help="comma list to sweep of on, off: free cached blocks after the VAE and codes stages",
+        default="auto",
+        help="comma list to sweep of auto, on, off: free cached blocks after the VAE and codes "
+        "stages (auto: unless expandable segments)",
+    )
+    parser.add_argument(
+        "--overlap",
+        default="auto",
+        help="comma list to sweep of auto, on, off: the conditions in a thread beside the VAE "
+        "(auto: from the encoder's second batch on CUDA)",
+    )
+    parser.add_argument(
+        "--snake-sin",
+        default="fast",
+        help="comma list to sweep of fast, accurate: the Triton Snake's sin for bf16 "
+        "(oobleck_kernels.SNAKE_FAST_SIN)",
     )
     parser.add_argument(
         "--codes-pass",
@@ -318,7 +332,7 @@ def main() -> None:
     parser.add_argument(
         "--codes-margin",
         type=float,
-        default=0.05,
+        default=EncoderSettings.codes_recheck_margin,  # the product default
         help="FSQ level units: windows this close to a floor boundary are rechecked in float32",
     )
     parser.add_argument(
@@ -348,8 +362,14 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown --vae-paths {sorted(unknown)}")
     releases = args.release_cache.split(",")
-    if set(releases) - {"on", "off"}:
-        parser.error(f"--release-cache takes on and/or off, not {args.release_cache!r}")
+    if set(releases) - {"auto", "on", "off"}:
+        parser.error(f"--release-cache takes auto, on and/or off, not {args.release_cache!r}")
+    overlaps = args.overlap.split(",")
+    if set(overlaps) - {"auto", "on", "off"}:
+        parser.error(f"--overlap takes auto, on and/or off, not {args.overlap!r}")
+    sines = args.snake_sin.split(",")
+    if set(sines) - {"fast", "accurate"}:
+        parser.error(f"--snake-sin takes fast and/or accurate, not {args.snake_sin!r}")
     code_passes = args.codes_pass.split(",")
     if set(code_passes) - {"off", "tf32", "bf16"}:
         parser.error(f"--codes-pass takes off, tf32 and/or bf16, not {args.codes_pass!r}")
@@ -371,7 +391,7 @@ def main() -> None:
     from hotstep_ray.models.oobleck_fast import OobleckFastOptions
     from hotstep_ray.models.prompts import build_dit_caption_prompt, build_lyric_prompt
     from hotstep_ray.preprocess.encode import Encoder
-    from hotstep_ray.preprocess.items import EncodeItem, EncoderSettings
+    from hotstep_ray.preprocess.items import EncodeItem
     from hotstep_ray.preprocess.vae_tiles import TAIL_STEP
 
     torch.backends.cudnn.benchmark = True  # every VAE window has the same shape
@@ -402,6 +422,9 @@ def main() -> None:
         "vae_chunk_frames": args.vae_chunk,  # the swept list
         "vae_overlap_frames": args.vae_overlap,
         "release_cache": args.release_cache,  # the swept list
+        "overlap": args.overlap,  # the swept list
+        "snake_sin": args.snake_sin,  # the swept list
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         "codes_pass": args.codes_pass,  # the swept list
         "codes_margin": args.codes_margin,
         "memory_cap_gib": args.memory_cap_gib,  # the swept list
@@ -430,20 +453,24 @@ def main() -> None:
             if mode != "none" and path != "old":
                 continue  # the fast path has its own compile option (fast-compile)
             sweep = [
-                (int(chunk), int(windows), release, codes_pass, cap)
+                (int(chunk), int(windows), release, overlap, sine, codes_pass, cap)
                 for chunk in args.vae_chunk.split(",")
                 for windows in args.vae_batch_windows.split(",")
                 for release in releases
+                for overlap in overlaps
+                for sine in sines
                 for codes_pass in code_passes
                 for cap in caps
             ]
-            for chunk, windows, release, codes_pass, cap in sweep:
+            for chunk, windows, release, overlap, sine, codes_pass, cap in sweep:
                 case: dict[str, Any] = {
                     "vae_path": path,
                     "compile": mode,
                     "vae_chunk_frames": chunk,
                     "vae_batch_windows": windows,
                     "release_cache": release,
+                    "overlap": overlap,
+                    "snake_sin": sine,
                     "codes_pass": codes_pass,
                     "memory_cap_gib": cap,
                 }
@@ -462,6 +489,7 @@ def main() -> None:
                 torch.cuda.empty_cache()
                 torch.cuda.set_per_process_memory_fraction(1.0)  # the last case's cap, undone
                 torch.cuda.reset_peak_memory_stats()
+                oobleck_kernels.SNAKE_FAST_SIN = sine == "fast"  # read at each kernel call
                 vae = build_vae(device, dtype)
                 if mode != "none":
                     vae.encoder = torch.compile(vae.encoder, mode=mode)
@@ -469,7 +497,8 @@ def main() -> None:
                     vae_chunk_frames=chunk,
                     vae_overlap_frames=args.vae_overlap,
                     vae_batch_frames=windows * chunk,
-                    release_cache_between_stages=release == "on",
+                    release_cache_between_stages=SWITCH[release],
+                    overlap_conditions=SWITCH[overlap],
                     codes_fast_pass=codes_pass,
                     codes_recheck_margin=args.codes_margin,
                     memory_cap_gib=cap,

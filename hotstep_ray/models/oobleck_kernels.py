@@ -25,6 +25,14 @@ def snake_torch(x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor) ->
 
 
 _TRITON: dict[str, object] = {}  # lazily built kernels (None = Triton unusable here)
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+# bf16 / fp16 tensors: the hardware sin after reducing the phase to [-pi, pi] (within ~1e-6 +
+# |phase| * 2e-7 of libdevice's, far below a half-precision output's rounding) instead of
+# libdevice's accurate sin, whose range reduction made the kernel compute-bound: in the
+# encoder's profile the Snake kernel ran at about half the H200's memory bandwidth (H200, 8 x
+# 240 s: 160 ms of 790 ms of VAE kernels; docs/BENCHMARKS.md, eighth device run). float32
+# tensors keep the accurate sin, so the float32 path stays within 1e-5 of diffusers'.
+SNAKE_FAST_SIN = True
 _MAX_GRID_ROWS = 65_535  # CUDA's limit on grid axis 1 (the NCW kernel's B * C rows)
 
 
@@ -52,6 +60,7 @@ def _triton_kernels():
         length,
         BLOCK: tl.constexpr,
         HAS_SHIFT: tl.constexpr,
+        FAST_SIN: tl.constexpr,
     ):
         row = tl.program_id(1)  # b * C + c
         alpha = tl.load(alpha_ptr + row % channels)
@@ -62,7 +71,14 @@ def _triton_kernels():
         x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
         if HAS_SHIFT:  # the preceding conv's bias, added here instead of in its own pass
             x = x + tl.load(shift_ptr + row % channels)
-        wave = tl.sin(alpha * x)
+        phase = alpha * x
+        if FAST_SIN:  # see SNAKE_FAST_SIN
+            phase = phase - tl.floor(phase * 0.15915494309189535 + 0.5) * 6.283185307179586
+            wave = tl.inline_asm_elementwise(
+                "sin.approx.f32 $0, $1;", "=r,r", [phase], dtype=tl.float32, is_pure=True, pack=1
+            )
+        else:
+            wave = tl.sin(phase)
         tl.store(
             out_ptr + offsets, (x + inv_beta * wave * wave).to(out_ptr.dtype.element_ty), mask=mask
         )
@@ -79,6 +95,7 @@ def _triton_kernels():
         ROWS: tl.constexpr,
         CH: tl.constexpr,
         HAS_SHIFT: tl.constexpr,
+        FAST_SIN: tl.constexpr,
     ):
         channel = tl.arange(0, CH)
         in_channels = channel < channels
@@ -90,7 +107,14 @@ def _triton_kernels():
         x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
         if HAS_SHIFT:
             x = x + tl.load(shift_ptr + channel, mask=in_channels, other=0.0)[None, :]
-        wave = tl.sin(alpha[None, :] * x)
+        phase = alpha[None, :] * x
+        if FAST_SIN:
+            phase = phase - tl.floor(phase * 0.15915494309189535 + 0.5) * 6.283185307179586
+            wave = tl.inline_asm_elementwise(
+                "sin.approx.f32 $0, $1;", "=r,r", [phase], dtype=tl.float32, is_pure=True, pack=1
+            )
+        else:
+            wave = tl.sin(phase)
         y = x + inv_beta[None, :] * wave * wave
         tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -135,6 +159,7 @@ def snake_triton(
     channels, inner = layout
     out = torch.empty_like(x)  # keeps x's memory format
     has_shift = shift32 is not None
+    fast_sin = SNAKE_FAST_SIN and x.dtype in HALF_DTYPES
     shift = shift32 if has_shift else alpha32  # a placeholder pointer the kernel never reads
     if inner == 1:  # channels-last: [B * T rows, C]
         rows = x.numel() // channels
@@ -152,12 +177,22 @@ def snake_triton(
             ROWS=per_program,
             CH=width,
             HAS_SHIFT=has_shift,
+            FAST_SIN=fast_sin,
         )
     else:
         block = 2048
         grid = (triton_cdiv(inner, block), x.shape[0] * channels)
         snake_ncw[grid](
-            x, alpha32, inv_beta32, shift, out, channels, inner, BLOCK=block, HAS_SHIFT=has_shift
+            x,
+            alpha32,
+            inv_beta32,
+            shift,
+            out,
+            channels,
+            inner,
+            BLOCK=block,
+            HAS_SHIFT=has_shift,
+            FAST_SIN=fast_sin,
         )
     return out
 

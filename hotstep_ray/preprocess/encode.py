@@ -21,15 +21,21 @@ modules (only weight norm folded), the CPU default.
 
 Memory: the fast VAE's CUDA graphs allocate from their own pool; every other stage uses the
 caching allocator, which keeps each stage's freed blocks reserved while the next stage asks for
-other sizes. With `EncoderSettings.release_cache_between_stages` (default on) `encode` returns
-the unused blocks after the VAE and after the codes stage, so the stages do not each keep their
-own (H200, 8 x 240 s, four 1536-frame windows per forward: 19.5 -> 18.1 GiB peak reserved at the
-same speed; `release_cached_blocks`, shared with the fast VAE's graph capture).
+other sizes. With `EncoderSettings.release_cache_between_stages` (default: on unless the
+allocator runs expandable segments, as GPU encoder processes do) `encode` returns the unused
+blocks after the VAE and after the codes stage, so the stages do not each keep their own
+(`release_cached_blocks`, shared with the fast VAE's graph capture).
 `EncoderSettings.memory_cap_gib` caps the allocator per process (`apply_memory_cap`).
+
+Overlap: from an encoder's second batch on CUDA, the caption / lyric conditions run in a worker
+thread beside the VAE (`EncoderSettings.overlap_conditions`), so their host-bound time hides
+behind the VAE's GPU-bound graph replays.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -52,7 +58,13 @@ from hotstep_ray.models.text_models import (
     load_vae,
 )
 from hotstep_ray.preprocess.dit_parts import DitEncoders, load_dit_encoders
-from hotstep_ray.preprocess.items import EncodedSample, EncodeItem, EncoderSettings, noise_seed
+from hotstep_ray.preprocess.items import (
+    EncodedSample,
+    EncodeItem,
+    EncoderSettings,
+    noise_seed,
+    resolve_release,
+)
 from hotstep_ray.preprocess.model_paths import ModelPaths
 from hotstep_ray.preprocess.vae_tiles import encode_moments
 
@@ -129,6 +141,8 @@ class Encoder:
         """`fast_vae`: None = on for CUDA. Weight norm is folded either way (otherwise every
         forward recomputes g * v / |v| for all ~100 VAE convs, ~10% of a CPU encode)."""
         apply_memory_cap(settings.memory_cap_gib, device)
+        self.release_cache = resolve_release(settings.release_cache_between_stages)
+        self.batches_done = 0  # `encode_tensors` calls so far (the overlap starts after one)
         # "auto" resolved once; "tf32" on a non-CUDA device fails here, not mid-batch.
         self.codes_fast_pass = resolve_fast_pass(settings.codes_fast_pass, device)
         # The last `codes` call's {"fast_pass", "windows", "rechecked"} (logs and the bench).
@@ -257,18 +271,12 @@ class Encoder:
     def release_between_stages(self) -> None:
         """After a stage whose working set the next one does not reuse (`encode` calls it after
         the VAE and the codes stages; see `release_cached_blocks`)."""
-        if self.settings.release_cache_between_stages:
+        if self.release_cache:
             release_cached_blocks(self.device)
 
-    @torch.no_grad()
-    def encode(self, items: Sequence[EncodeItem]) -> list[EncodedSample]:
-        """Encode a batch (callers group similar lengths). Raises on any failure; `encode_safe`
-        isolates failing samples."""
-        latents = self.latents(items)
-        for item, z in zip(items, latents, strict=True):
-            if not bool(torch.isfinite(z).all()):
-                raise FloatingPointError(f"{item.sample_id}: VAE latents contain NaN or Inf")
-        self.release_between_stages()  # the VAE's non-graph blocks (audio, windows, moments)
+    def text_conditions(self, items: Sequence[EncodeItem]) -> tuple[list, dict]:
+        """`conditions` of the batch's caption prompts, and of the genre prompts of the rows
+        that have one: (per row, {row: genre conditions})."""
         conds = self.conditions(
             [item.caption_prompt for item in items], [item.lyric_prompt for item in items]
         )
@@ -280,9 +288,75 @@ class Encoder:
                 [items[i].lyric_prompt for i in genre_rows],
             )
             genre = dict(zip(genre_rows, found, strict=True))
-        silence = self.dit.silence_latent
+        return conds, genre
+
+    def overlaps_now(self) -> bool:
+        """Whether this batch runs the conditions beside the VAE (`overlap_conditions`)."""
+        setting = self.settings.overlap_conditions
+        if setting is None:
+            return self.device.type == "cuda" and self.batches_done > 0
+        return bool(setting)
+
+    def _latents_beside_conditions(
+        self, items: Sequence[EncodeItem]
+    ) -> tuple[list[torch.Tensor], tuple[list, dict]]:
+        """`latents` on this thread while a worker thread runs `text_conditions`, its kernels
+        queued on this thread's CUDA stream (one stream: no second allocator pool, and the
+        stream order makes the results visible here without events). The worker is joined
+        whatever happens, and its exception is raised here."""
+        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+        result: dict[str, object] = {}
+
+        def work() -> None:
+            try:
+                # grad mode and the current stream are per thread
+                with torch.no_grad(), contextlib.ExitStack() as stack:
+                    if stream is not None:
+                        stack.enter_context(torch.cuda.stream(stream))
+                    result["value"] = self.text_conditions(items)
+            except BaseException as exc:  # handed to the caller below
+                result["error"] = exc
+
+        worker = threading.Thread(target=work, name="hotstep-conditions", daemon=True)
+        worker.start()
+        try:
+            latents = self.latents(items)
+        finally:
+            worker.join()
+        if "error" in result:
+            raise result["error"]  # type: ignore[misc]
+        return latents, result["value"]  # type: ignore[return-value]
+
+    @torch.no_grad()
+    def encode_tensors(
+        self, items: Sequence[EncodeItem], check_finite: bool = True
+    ) -> tuple[list[torch.Tensor], list, dict, list[torch.Tensor]]:
+        """The batch's device tensors: (latents, conditions, genre conditions, codes), stage by
+        stage, the conditions beside the VAE when `overlaps_now`. `check_finite` refuses NaN or
+        Inf latents (a benchmark on random weights turns it off)."""
+        if self.overlaps_now():
+            latents, (conds, genre) = self._latents_beside_conditions(items)
+        else:
+            latents, conds, genre = self.latents(items), None, None
+        if check_finite:
+            finite = torch.stack([torch.isfinite(z).all() for z in latents]).tolist()  # one sync
+            for item, ok in zip(items, finite, strict=True):
+                if not ok:
+                    raise FloatingPointError(f"{item.sample_id}: VAE latents contain NaN or Inf")
+        self.release_between_stages()  # the VAE's non-graph blocks (audio, windows, moments)
+        if conds is None:
+            conds, genre = self.text_conditions(items)
         codes = self.codes(latents)
         self.release_between_stages()  # the float32 tokenizer's blocks, before the next batch's VAE
+        self.batches_done += 1
+        return latents, conds, genre, codes
+
+    @torch.no_grad()
+    def encode(self, items: Sequence[EncodeItem]) -> list[EncodedSample]:
+        """Encode a batch (callers group similar lengths). Raises on any failure; `encode_safe`
+        isolates failing samples."""
+        latents, conds, genre, codes = self.encode_tensors(items)
+        silence = self.dit.silence_latent
         out = []
         for index, (item, z) in enumerate(zip(items, latents, strict=True)):
             frames = z.shape[0]

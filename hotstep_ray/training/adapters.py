@@ -190,6 +190,13 @@ def lokr_alpha(shape: LokrShape, spec: AdapterSpec) -> float:
 # the measured path until then.
 KRON_MIX = "gemm"
 KRON_MIXES = ("gemm", "pointwise", "ordered")
+# KronMix's w1 gradient, Σ over tokens and columns of dy[.., i, :] · h[.., j, :]: "gemm" as one
+# [a, tokens·b] @ [tokens·b, c] GEMM, which needs both operands copied into that layout first
+# (two transposed copies of an activation per adapted Linear); "bmm" as a batched GEMM of one
+# [a, b] @ [b, c] per token straight from the activations' own layout, then a float32 sum over
+# tokens. Same value; the faster is measured (bench/dit_bench.py --kron-w1-grad).
+KRON_W1_GRAD = "gemm"
+KRON_W1_GRADS = ("gemm", "bmm")
 
 
 def mix_rows(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -222,9 +229,14 @@ class KronMix(torch.autograd.Function):
         dw1 = None
         if ctx.needs_input_grad[1]:
             b = h.shape[-1]
-            dy_rows = dy.reshape(-1, a, b).transpose(0, 1).reshape(a, -1)  # [a, tokens·b]
-            h_rows = h.reshape(-1, c, b).transpose(0, 1).reshape(c, -1)  # [c, tokens·b]
-            dw1 = (dy_rows @ h_rows.t()).to(w1.dtype)
+            if KRON_W1_GRAD == "bmm":  # per token [a, b] @ [b, c], then the sum over tokens
+                per_token = torch.bmm(dy.reshape(-1, a, b), h.reshape(-1, c, b).transpose(1, 2))
+                wide = torch.promote_types(per_token.dtype, torch.float32)  # fp64 stays fp64
+                dw1 = per_token.sum(0, dtype=wide).to(w1.dtype)
+            else:
+                dy_rows = dy.reshape(-1, a, b).transpose(0, 1).reshape(a, -1)  # [a, tokens·b]
+                h_rows = h.reshape(-1, c, b).transpose(0, 1).reshape(c, -1)  # [c, tokens·b]
+                dw1 = (dy_rows @ h_rows.t()).to(w1.dtype)
         return dh, dw1
 
 

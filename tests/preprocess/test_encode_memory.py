@@ -6,6 +6,7 @@ the release helper alone is told the device is CUDA while every stage still runs
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, replace
 
 import pytest
@@ -13,7 +14,14 @@ import torch
 
 from hotstep_ray.preprocess import encode as encode_module
 from hotstep_ray.preprocess.encode import Encoder, release_cached_blocks
-from hotstep_ray.preprocess.items import EncodedSample, EncodeItem, EncoderSettings
+from hotstep_ray.preprocess.items import (
+    EncodedSample,
+    EncodeItem,
+    EncoderSettings,
+    allocator_env,
+    expandable_segments_active,
+    resolve_release,
+)
 from hotstep_ray.preprocess.model_paths import resolve_models
 from hotstep_ray.preprocess.plan import PreprocessRunOptions
 from hotstep_ray.preprocess.stages import encoder_settings
@@ -131,11 +139,31 @@ def test_outputs_are_identical_with_release_on_and_off(encoder, events, pretend_
     assert released[0].genre_hidden_states is not None  # the genre path was compared too
 
 
-def test_real_runs_release_by_default() -> None:
+def test_real_runs_release_unless_expandable_segments(tiny_ckpt, monkeypatch) -> None:
     """The run and the Ray actors build settings from the run options (the actors through a
-    dict): the release is on there without any option, and survives the round trip."""
+    dict): the release is "auto" there without any option and survives the round trip; auto
+    releases unless the allocator runs expandable segments (what GPU encoder processes start
+    with), and an explicit choice wins either way."""
     settings = encoder_settings(PreprocessRunOptions())
-    assert settings.release_cache_between_stages is True
+    assert settings.release_cache_between_stages is None
     assert EncoderSettings(**asdict(settings)) == settings
     off = replace(settings, release_cache_between_stages=False)
     assert EncoderSettings(**asdict(off)).release_cache_between_stages is False
+
+    assert resolve_release(None, {}) is True
+    assert resolve_release(None, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}) is False
+    assert resolve_release(None, {"PYTORCH_ALLOC_CONF": "max_split_size_mb:64"}) is True
+    assert resolve_release(True, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}) is True
+    assert resolve_release(False, {}) is False
+    mixed = "max_split_size_mb:128, expandable_segments:true"
+    assert expandable_segments_active({"PYTORCH_CUDA_ALLOC_CONF": mixed})
+    assert not expandable_segments_active({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"})
+    # what GPU encoder processes get from `allocator_env`
+    assert expandable_segments_active(allocator_env()) or "PYTORCH_CUDA_ALLOC_CONF" in os.environ
+
+    # the encoder resolves it once, from its own process's environment
+    models = resolve_models(tiny_ckpt, PreprocessRunOptions())
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    assert Encoder.load(models, settings, "cpu").release_cache is False
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    assert Encoder.load(models, settings, "cpu").release_cache is True

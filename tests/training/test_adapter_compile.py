@@ -15,11 +15,12 @@ from hotstep_ray.models.acestep_ops import TrainBatch
 from hotstep_ray.training import adapters, dit_loss
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "acestep15-tiny" / "checkpoint"
-CASES = {  # id -> (adapter kind, KRON_MIX)
-    "lora": ("lora", "gemm"),
-    "lokr-gemm": ("lokr", "gemm"),
-    "lokr-pointwise": ("lokr", "pointwise"),
-    "lokr-ordered": ("lokr", "ordered"),
+CASES = {  # id -> (adapter kind, KRON_MIX, KRON_W1_GRAD)
+    "lora": ("lora", "gemm", "gemm"),
+    "lokr-gemm": ("lokr", "gemm", "gemm"),
+    "lokr-pointwise": ("lokr", "pointwise", "gemm"),
+    "lokr-ordered": ("lokr", "ordered", "gemm"),
+    "lokr-ordered-bmm": ("lokr", "ordered", "bmm"),
 }
 
 
@@ -83,8 +84,9 @@ def loss_and_grads(
 def test_adapted_block_is_one_graph_with_the_eager_gradients(
     case: str, single_thread, monkeypatch
 ) -> None:
-    kind, mix = CASES[case]
+    kind, mix, w1_grad = CASES[case]
     monkeypatch.setattr(adapters, "KRON_MIX", mix)  # read at trace time
+    monkeypatch.setattr(adapters, "KRON_W1_GRAD", w1_grad)
     block, inputs = block_and_inputs(kind)
 
     explained = torch._dynamo.explain(block)(**inputs)

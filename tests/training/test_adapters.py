@@ -218,14 +218,17 @@ def test_pointwise_kron_mixes_give_the_gemm_path_values_and_gradients(
     upstream = torch.randn(2, 7, a * 3, generator=generator, dtype=torch.float64)
     results = {}
     for mode in adapters.KRON_MIXES:
-        monkeypatch.setattr(adapters, "KRON_MIX", mode)
-        y = adapters.kron_linear(x, w1, w2, 0.7)
-        grads = torch.autograd.grad((y * upstream).sum(), [x, *weights])
-        results[mode] = (y.detach(), grads)
-    y_gemm, g_gemm = results.pop("gemm")
+        for w1_grad in adapters.KRON_W1_GRADS:
+            monkeypatch.setattr(adapters, "KRON_MIX", mode)
+            monkeypatch.setattr(adapters, "KRON_W1_GRAD", w1_grad)
+            y = adapters.kron_linear(x, w1, w2, 0.7)
+            grads = torch.autograd.grad((y * upstream).sum(), [x, *weights])
+            results[mode, w1_grad] = (y.detach(), grads)
+    y_gemm, g_gemm = results.pop(("gemm", "gemm"))
     reference = F.linear(x.detach(), torch.kron(w1, w2[0] @ w2[1] if factored_w2 else w2) * 0.7)
     torch.testing.assert_close(y_gemm, reference.detach(), rtol=1e-12, atol=1e-12)
-    assert set(results) == {"pointwise", "ordered"}
+    assert {mode for mode, _ in results} == {"gemm", "pointwise", "ordered"}
+    assert {grad for _, grad in results} == {"gemm", "bmm"}
     for y_mode, g_mode in results.values():
         torch.testing.assert_close(y_mode, y_gemm, rtol=1e-12, atol=1e-12)
         for got, want in zip(g_mode, g_gemm, strict=True):
