@@ -33,6 +33,9 @@ HALF_DTYPES = (torch.bfloat16, torch.float16)
 # 240 s: 160 ms of 790 ms of VAE kernels; docs/BENCHMARKS.md, eighth device run). float32
 # tensors keep the accurate sin, so the float32 path stays within 1e-5 of diffusers'.
 SNAKE_FAST_SIN = True
+# The channels-last Snake's program size: (elements per program, rounded to whole rows of the
+# channel width; warps). bench/oobleck_kernel_sweep.py times the alternatives.
+SNAKE_NWC_CONFIG = (4096, 4)
 _MAX_GRID_ROWS = 65_535  # CUDA's limit on grid axis 1 (the NCW kernel's B * C rows)
 
 
@@ -164,7 +167,8 @@ def snake_triton(
     if inner == 1:  # channels-last: [B * T rows, C]
         rows = x.numel() // channels
         width = next_power_of_2(channels)
-        per_program = max(1, 4096 // width)
+        elements, warps = SNAKE_NWC_CONFIG
+        per_program = max(1, elements // width)
         grid = (triton_cdiv(rows, per_program),)
         snake_nwc[grid](
             x,
@@ -178,6 +182,7 @@ def snake_triton(
             CH=width,
             HAS_SHIFT=has_shift,
             FAST_SIN=fast_sin,
+            num_warps=warps,
         )
     else:
         block = 2048

@@ -27,9 +27,8 @@ blocks after the VAE and after the codes stage, so the stages do not each keep t
 (`release_cached_blocks`, shared with the fast VAE's graph capture).
 `EncoderSettings.memory_cap_gib` caps the allocator per process (`apply_memory_cap`).
 
-Overlap: from an encoder's second batch on CUDA, the caption / lyric conditions run in a worker
-thread beside the VAE (`EncoderSettings.overlap_conditions`), so their host-bound time hides
-behind the VAE's GPU-bound graph replays.
+`EncoderSettings.overlap_conditions` (off by default: measured slower, see there) runs the
+caption / lyric conditions in a worker thread beside the VAE.
 """
 
 from __future__ import annotations

@@ -185,17 +185,18 @@ def lokr_alpha(shape: LokrShape, spec: AdapterSpec) -> float:
 # torch.compile fuses into one pass, with the w1 gradient as one split-K GEMM. "ordered": the
 # pointwise mix on whichever side makes the w2 GEMM smaller: w1 first when a <= c (the GEMM
 # then costs tokens·a·d·b instead of tokens·c·d·b and writes the output in its final layout;
-# 2B: every attention projection and the MLP's down), else w2 first as "pointwise". Same math;
-# which is faster is measured, not assumed (bench/dit_bench.py --kron-mix), so the default stays
-# the measured path until then.
-KRON_MIX = "gemm"
+# 2B: every attention projection and the MLP's down), else w2 first as "pointwise". Same math.
+# Measured (H200, 2B, LoKR 512, 6000 frames, batch 2, CUDA graphs; bench/dit_bench.py
+# --kron-mix; docs/BENCHMARKS.md, eighth device run): gemm 275.7 ms per step, ordered 214.2,
+# ordered with the "bmm" w1 gradient (KRON_W1_GRAD) 202.0.
+KRON_MIX = "ordered"
 KRON_MIXES = ("gemm", "pointwise", "ordered")
 # KronMix's w1 gradient, Σ over tokens and columns of dy[.., i, :] · h[.., j, :]: "gemm" as one
 # [a, tokens·b] @ [tokens·b, c] GEMM, which needs both operands copied into that layout first
 # (two transposed copies of an activation per adapted Linear); "bmm" as a batched GEMM of one
 # [a, b] @ [b, c] per token straight from the activations' own layout, then a float32 sum over
-# tokens. Same value; the faster is measured (bench/dit_bench.py --kron-w1-grad).
-KRON_W1_GRAD = "gemm"
+# tokens. Same value; "bmm" measured faster (see KRON_MIX; bench/dit_bench.py --kron-w1-grad).
+KRON_W1_GRAD = "bmm"
 KRON_W1_GRADS = ("gemm", "bmm")
 
 
