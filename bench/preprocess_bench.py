@@ -62,6 +62,33 @@ from hotstep_ray.models import oobleck_kernels  # noqa: E402
 from hotstep_ray.preprocess.items import EncoderSettings  # noqa: E402
 
 SWITCH = {"auto": None, "on": True, "off": False}  # --release-cache / --overlap values
+PRODUCT = {value: name for name, value in SWITCH.items()}  # an EncoderSettings default's name
+
+
+def apply_kernel_sweep(path: str) -> dict[str, list[int]]:
+    """Set the Oobleck Triton kernels' configurations to the fastest of a
+    bench/oobleck_kernel_sweep.py report, per kernel and channel count (the lowest total time
+    over that channel count's shapes, among configurations timed on all of them). Returns what
+    it set."""
+    data = json.loads(Path(path).read_text())
+    chosen: dict[str, list[int]] = {}
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for shape in data["shapes"]:
+        groups.setdefault((shape["kernel"], shape["channels"]), []).append(shape)
+    for (kernel, channels), shapes in groups.items():
+        totals: dict[tuple[int, ...], list[float]] = {}
+        for shape in shapes:
+            for row in shape["results"]:
+                totals.setdefault(tuple(row["cfg"]), []).append(row["ms"])
+        full = {cfg: sum(ms) for cfg, ms in totals.items() if len(ms) == len(shapes)}
+        best = min(full, key=full.__getitem__)
+        table = oobleck_kernels.RESIDUAL_TILES if kernel == "residual" else None
+        if table is None:
+            table = oobleck_kernels.SNAKE_NWC_CONFIGS
+        table[channels] = best
+        chosen[f"{kernel}_{channels}"] = list(best)
+    return chosen
+
 
 GIB = 1024**3
 LYRICS = " ".join(
@@ -308,13 +335,13 @@ def main() -> None:
     parser.add_argument("--vae-paths", default="old,fast", help=f"comma list of {list(VAE_PATHS)}")
     parser.add_argument(
         "--release-cache",
-        default="auto",
+        default=PRODUCT[EncoderSettings.release_cache_between_stages],
         help="comma list to sweep of auto, on, off: free cached blocks after the VAE and codes "
         "stages (auto: unless expandable segments)",
     )
     parser.add_argument(
         "--overlap",
-        default="auto",
+        default=PRODUCT[EncoderSettings.overlap_conditions],
         help="comma list to sweep of auto, on, off: the conditions in a thread beside the VAE "
         "(auto: from the encoder's second batch on CUDA)",
     )
@@ -339,6 +366,11 @@ def main() -> None:
         "--memory-cap-gib",
         default="0",
         help="comma list to sweep: the encoder's per-process CUDA allocator cap (0 = none)",
+    )
+    parser.add_argument(
+        "--kernel-sweep",
+        default="",
+        help="a bench/oobleck_kernel_sweep.py report: run with its fastest kernel configurations",
     )
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--baseline", action="store_true", help="also time plain diffusers")
@@ -387,6 +419,7 @@ def main() -> None:
     if max(caps) > device_gib:  # the encoder would refuse it outside a case's error handling
         parser.error(f"--memory-cap-gib {max(caps)} exceeds the GPU's {device_gib:.1f} GiB")
     started = time.perf_counter()
+    kernel_configs = apply_kernel_sweep(args.kernel_sweep) if args.kernel_sweep else {}
 
     from hotstep_ray.models.oobleck_fast import OobleckFastOptions
     from hotstep_ray.models.prompts import build_dit_caption_prompt, build_lyric_prompt
@@ -425,6 +458,11 @@ def main() -> None:
         "overlap": args.overlap,  # the swept list
         "snake_sin": args.snake_sin,  # the swept list
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        "residual_tiles": {str(c): list(v) for c, v in oobleck_kernels.RESIDUAL_TILES.items()},
+        "snake_nwc_configs": {
+            str(c): list(v) for c, v in oobleck_kernels.SNAKE_NWC_CONFIGS.items()
+        },
+        "kernel_sweep_applied": kernel_configs,
         "codes_pass": args.codes_pass,  # the swept list
         "codes_margin": args.codes_margin,
         "memory_cap_gib": args.memory_cap_gib,  # the swept list

@@ -34,8 +34,11 @@ HALF_DTYPES = (torch.bfloat16, torch.float16)
 # tensors keep the accurate sin, so the float32 path stays within 1e-5 of diffusers'.
 SNAKE_FAST_SIN = True
 # The channels-last Snake's program size: (elements per program, rounded to whole rows of the
-# channel width; warps). bench/oobleck_kernel_sweep.py times the alternatives.
+# channel width; warps), by channel width. bench/oobleck_kernel_sweep.py times the alternatives
+# on one encoder window's shapes (H200: 256 channels 0.157 -> 0.115 ms with 8192 / 16 warps;
+# 128 channels 0.412 -> 0.391 ms at full rate; 512 unchanged: docs/BENCHMARKS.md, eighth run).
 SNAKE_NWC_CONFIG = (4096, 4)
+SNAKE_NWC_CONFIGS: dict[int, tuple[int, int]] = {128: (8192, 16), 256: (8192, 16)}
 _MAX_GRID_ROWS = 65_535  # CUDA's limit on grid axis 1 (the NCW kernel's B * C rows)
 
 
@@ -167,7 +170,7 @@ def snake_triton(
     if inner == 1:  # channels-last: [B * T rows, C]
         rows = x.numel() // channels
         width = next_power_of_2(channels)
-        elements, warps = SNAKE_NWC_CONFIG
+        elements, warps = SNAKE_NWC_CONFIGS.get(width, SNAKE_NWC_CONFIG)
         per_program = max(1, elements // width)
         grid = (triton_cdiv(rows, per_program),)
         snake_nwc[grid](
