@@ -281,8 +281,8 @@ def encode_captions(
     )
     device = encoder.get_input_embeddings().weight.device
     with torch.no_grad():
-        out = encoder(input_ids=batch["input_ids"].to(device), use_cache=False)
-    return out.last_hidden_state, batch["attention_mask"].to(device).bool()
+        out = encoder(input_ids=to_device(batch["input_ids"], device), use_cache=False)
+    return out.last_hidden_state, to_device(batch["attention_mask"], device).bool()
 
 
 def embed_lyrics(
@@ -300,5 +300,13 @@ def embed_lyrics(
     embeddings = encoder.get_input_embeddings()
     device = embeddings.weight.device
     with torch.no_grad():
-        states = embeddings(batch["input_ids"].to(device))
-    return states, batch["attention_mask"].to(device).bool()
+        states = embeddings(to_device(batch["input_ids"], device))
+    return states, to_device(batch["attention_mask"], device).bool()
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU tensor onto `device`; to CUDA through pinned memory without waiting for the GPU (a
+    pageable copy waits for all queued work, e.g. a VAE still running)."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)

@@ -187,13 +187,18 @@ class Encoder:
             self.settings.vae_batch_frames,
             fast=self.fast_vae,
         )
+        # Nothing here waits for the GPU: the VAE's windows are queued, the noise is drawn on the
+        # CPU meanwhile and crosses in pinned memory without a sync, so the caller's next stage
+        # (the conditions) launches its work while the VAE still runs.
+        pinned = self.device.type == "cuda"
         out = []
         for item, (mean, std) in zip(items, moments, strict=True):
             generator = torch.Generator().manual_seed(
                 noise_seed(self.settings.seed, item.sample_id)
             )
-            noise = torch.randn(mean.shape, generator=generator).to(mean.device)
-            out.append(mean + std * noise)
+            # the same draw as torch.randn(mean.shape, generator=generator)
+            noise = torch.empty(mean.shape, pin_memory=pinned).normal_(generator=generator)
+            out.append(mean + std * noise.to(mean.device, non_blocking=pinned))
         return out
 
     def codes(
@@ -254,17 +259,12 @@ class Encoder:
                 refer_audio_acoustic_hidden_states_packed=timbre,
                 refer_audio_order_mask=order,
             )
-        out = []
-        for row in range(rows):
-            valid = int(mask[row].sum())  # packed: the valid tokens come first
-            out.append(
-                (
-                    states[row, :valid].float().clone(),  # not a view of the batch
-                    int(text_mask[row].sum()),
-                    int(lyric_mask[row].sum()),
-                )
-            )
-        return out
+        # one sync for every row's counts (packed: the valid tokens come first)
+        counts = torch.stack([mask.sum(-1), text_mask.sum(-1), lyric_mask.sum(-1)], -1).tolist()
+        return [
+            (states[row, :valid].float().clone(), text_count, lyric_count)  # not batch views
+            for row, (valid, text_count, lyric_count) in enumerate(counts)
+        ]
 
     # -- one batch ---------------------------------------------------------------------------
     def release_between_stages(self) -> None:
@@ -326,6 +326,11 @@ class Encoder:
             raise result["error"]  # type: ignore[misc]
         return latents, result["value"]  # type: ignore[return-value]
 
+    @staticmethod
+    def _finite_flags(latents: Sequence[torch.Tensor]) -> torch.Tensor:
+        """[songs] bool on the device: whether each song's latents are all finite."""
+        return torch.stack([torch.isfinite(z).all() for z in latents])
+
     @torch.no_grad()
     def encode_tensors(
         self, items: Sequence[EncodeItem], check_finite: bool = True
@@ -333,18 +338,22 @@ class Encoder:
         """The batch's device tensors: (latents, conditions, genre conditions, codes), stage by
         stage, the conditions beside the VAE when `overlaps_now`. `check_finite` refuses NaN or
         Inf latents (a benchmark on random weights turns it off)."""
+        finite = None
         if self.overlaps_now():
             latents, (conds, genre) = self._latents_beside_conditions(items)
         else:
-            latents, conds, genre = self.latents(items), None, None
+            # `latents` only queues the VAE's work; the conditions' host time (tokenizing,
+            # launches) then runs while the GPU is still busy with it, up to their first sync.
+            latents = self.latents(items)
+            finite = self._finite_flags(latents) if check_finite else None  # queued, not read
+            conds, genre = self.text_conditions(items)
         if check_finite:
-            finite = torch.stack([torch.isfinite(z).all() for z in latents]).tolist()  # one sync
-            for item, ok in zip(items, finite, strict=True):
+            if finite is None:
+                finite = self._finite_flags(latents)
+            for item, ok in zip(items, finite.tolist(), strict=True):  # one sync
                 if not ok:
                     raise FloatingPointError(f"{item.sample_id}: VAE latents contain NaN or Inf")
         self.release_between_stages()  # the VAE's non-graph blocks (audio, windows, moments)
-        if conds is None:
-            conds, genre = self.text_conditions(items)
         codes = self.codes(latents)
         self.release_between_stages()  # the float32 tokenizer's blocks, before the next batch's VAE
         self.batches_done += 1

@@ -99,8 +99,9 @@ def test_encode_releases_after_the_vae_and_codes_stages_on_cuda(
     on = with_release(encoder, True)
     trace_stages(on, events, monkeypatch)
     on.encode(songs())
-    # The caption and genre conditions share the allocator's blocks: no release between them.
-    assert events == ["latents", "release", "conditions", "conditions", "codes", "release"]
+    # The caption and genre conditions are launched while the VAE's queued work runs, before
+    # the release after it, and share the allocator's blocks: no release between them.
+    assert events == ["latents", "conditions", "conditions", "release", "codes", "release"]
     assert pretend_cuda == [torch.device("cpu")] * 2  # the encoder's own device, asked twice
     on.encode(songs()[1:])
     assert events.count("release") == 4  # two per batch, whatever its size
