@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 from hotstep_ray.models import oobleck_kernels  # noqa: E402
 from hotstep_ray.preprocess.items import EncoderSettings  # noqa: E402
 
-SWITCH = {"auto": None, "on": True, "off": False}  # --release-cache / --overlap values
+SWITCH = {"auto": None, "on": True, "off": False}  # --release-cache values
 PRODUCT = {value: name for name, value in SWITCH.items()}  # an EncoderSettings default's name
 
 
@@ -221,7 +221,7 @@ def cpu_prep_s(seconds: float) -> float:
 
 
 def _unchecked(encoder, items) -> None:
-    """`Encoder.encode`'s work (and cache releases, and overlap) without its NaN check."""
+    """`Encoder.encode`'s work (and cache releases) without its NaN check."""
     latents, conds, _, codes = encoder.encode_tensors(items, check_finite=False)
     for z, c, (states, _, _) in zip(latents, codes, conds, strict=True):
         z.cpu(), c.cpu(), states.cpu()
@@ -340,12 +340,6 @@ def main() -> None:
         "stages (auto: unless expandable segments)",
     )
     parser.add_argument(
-        "--overlap",
-        default=PRODUCT[EncoderSettings.overlap_conditions],
-        help="comma list to sweep of auto, on, off: the conditions in a thread beside the VAE "
-        "(auto: from the encoder's second batch on CUDA)",
-    )
-    parser.add_argument(
         "--snake-sin",
         default="fast",
         help="comma list to sweep of fast, accurate: the Triton Snake's sin for bf16 "
@@ -396,9 +390,6 @@ def main() -> None:
     releases = args.release_cache.split(",")
     if set(releases) - {"auto", "on", "off"}:
         parser.error(f"--release-cache takes auto, on and/or off, not {args.release_cache!r}")
-    overlaps = args.overlap.split(",")
-    if set(overlaps) - {"auto", "on", "off"}:
-        parser.error(f"--overlap takes auto, on and/or off, not {args.overlap!r}")
     sines = args.snake_sin.split(",")
     if set(sines) - {"fast", "accurate"}:
         parser.error(f"--snake-sin takes fast and/or accurate, not {args.snake_sin!r}")
@@ -455,7 +446,6 @@ def main() -> None:
         "vae_chunk_frames": args.vae_chunk,  # the swept list
         "vae_overlap_frames": args.vae_overlap,
         "release_cache": args.release_cache,  # the swept list
-        "overlap": args.overlap,  # the swept list
         "snake_sin": args.snake_sin,  # the swept list
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         "residual_tiles": {str(c): list(v) for c, v in oobleck_kernels.RESIDUAL_TILES.items()},
@@ -491,23 +481,21 @@ def main() -> None:
             if mode != "none" and path != "old":
                 continue  # the fast path has its own compile option (fast-compile)
             sweep = [
-                (int(chunk), int(windows), release, overlap, sine, codes_pass, cap)
+                (int(chunk), int(windows), release, sine, codes_pass, cap)
                 for chunk in args.vae_chunk.split(",")
                 for windows in args.vae_batch_windows.split(",")
                 for release in releases
-                for overlap in overlaps
                 for sine in sines
                 for codes_pass in code_passes
                 for cap in caps
             ]
-            for chunk, windows, release, overlap, sine, codes_pass, cap in sweep:
+            for chunk, windows, release, sine, codes_pass, cap in sweep:
                 case: dict[str, Any] = {
                     "vae_path": path,
                     "compile": mode,
                     "vae_chunk_frames": chunk,
                     "vae_batch_windows": windows,
                     "release_cache": release,
-                    "overlap": overlap,
                     "snake_sin": sine,
                     "codes_pass": codes_pass,
                     "memory_cap_gib": cap,
@@ -536,7 +524,6 @@ def main() -> None:
                     vae_overlap_frames=args.vae_overlap,
                     vae_batch_frames=windows * chunk,
                     release_cache_between_stages=SWITCH[release],
-                    overlap_conditions=SWITCH[overlap],
                     codes_fast_pass=codes_pass,
                     codes_recheck_margin=args.codes_margin,
                     memory_cap_gib=cap,

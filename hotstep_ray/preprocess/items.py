@@ -56,14 +56,6 @@ class EncoderSettings:
     # and pay for a release by mapping the pages again (H200, 8 x 240 s, expandable segments:
     # release on 1630 audio-s per GPU-s at 7.91 GiB, off 1755 at 7.93 GiB).
     release_cache_between_stages: bool | None = None
-    # Run the caption / lyric conditions in a worker thread, on the same CUDA stream, while this
-    # thread runs the VAE, meant to hide the conditions' host time behind the VAE's GPU-bound
-    # graph replays. Same outputs, but measured slower (H200, 8 x 240 s: batch 1010 -> 1143
-    # ms): the worker's Python holds the GIL for whole switch intervals while the VAE thread
-    # waits to launch its next window, so the GPU idles. Off by default; None = auto (on CUDA
-    # from an encoder's second batch, after cuDNN autotuning and the VAE's graph captures);
-    # True = always (also on the CPU).
-    overlap_conditions: bool | None = False
     # 5 Hz codes (`hotstep_ray.models.fsq_fast`): pass 1 in reduced precision, then the windows
     # near an FSQ floor boundary recomputed in float32, so the codes stay the float32 ones.
     # "auto" = "tf32" on CUDA, "off" elsewhere; "off" | "tf32" (CUDA only) | "bf16".

@@ -1,0 +1,84 @@
+"""`Encoder.encode_tensors` queues the VAE's work and launches the conditions behind it before it
+reads anything back: the outputs are the stages' own, run one by one, and a NaN latent is still
+refused, naming its sample, before any codes run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hotstep_ray.models.text_models import to_device
+from hotstep_ray.preprocess.encode import Encoder
+from hotstep_ray.preprocess.items import EncodeItem, EncoderSettings
+from hotstep_ray.preprocess.model_paths import resolve_models
+from hotstep_ray.preprocess.plan import PreprocessRunOptions
+
+HOP = 1920  # audio samples per 25 Hz latent frame at 48 kHz
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_ckpt) -> Encoder:
+    return Encoder.load(resolve_models(tiny_ckpt, PreprocessRunOptions()), EncoderSettings(), "cpu")
+
+
+def songs() -> list[EncodeItem]:
+    generator = torch.Generator().manual_seed(5)
+    audio = [0.3 * torch.randn(2, frames * HOP, generator=generator) for frames in (6, 9)]
+    return [
+        EncodeItem("a", audio[0], "warm synth pads", "[verse]\nla la", genre_prompt="synthwave"),
+        EncodeItem("b", audio[1], "dry acoustic guitar", "[instrumental]"),
+    ]
+
+
+def test_a_batch_equals_its_stages_run_one_by_one(encoder) -> None:
+    items = songs()
+    latents, conds, genre, codes = encoder.encode_tensors(items)
+    want_latents = encoder.latents(items)
+    want_conds = encoder.conditions(
+        [i.caption_prompt for i in items], [i.lyric_prompt for i in items]
+    )
+    want_genre = encoder.conditions([items[0].genre_prompt], [items[0].lyric_prompt])
+    want_codes = encoder.codes(want_latents)
+    for got, want in zip(latents, want_latents, strict=True):
+        assert torch.equal(got, want)
+    for got, want in zip(codes, want_codes, strict=True):
+        assert torch.equal(got, want)
+    assert set(genre) == {0}  # only the first song has a genre prompt
+    for got, want in zip([*conds, genre[0]], [*want_conds, *want_genre], strict=True):
+        states, text_count, lyric_count = got
+        assert torch.equal(states, want[0]) and (text_count, lyric_count) == want[1:]
+        # every row is cut to its valid tokens: text + lyric + the one timbre token
+        assert states.shape[0] == text_count + lyric_count + 1
+        assert not states.requires_grad
+
+
+def test_nan_latents_are_refused_after_the_conditions_and_before_the_codes(
+    encoder, monkeypatch
+) -> None:
+    ran: list[str] = []
+    latents, conditions, codes = encoder.latents, encoder.conditions, encoder.codes
+
+    def poisoned(items):
+        ran.append("latents")
+        out = latents(items)
+        out[1][3, 7] = float("nan")  # the second song
+        return out
+
+    monkeypatch.setattr(encoder, "latents", poisoned)
+    monkeypatch.setattr(
+        encoder, "conditions", lambda *a: ran.append("conditions") or conditions(*a)
+    )
+    monkeypatch.setattr(encoder, "codes", lambda *a: ran.append("codes") or codes(*a))
+    with pytest.raises(FloatingPointError, match="^b: VAE latents contain NaN or Inf"):
+        encoder.encode(songs())
+    assert ran == ["latents", "conditions", "conditions"]  # captions, genre; no codes
+    # a benchmark's unchecked run goes through
+    monkeypatch.setattr(encoder, "codes", codes)
+    found, _, _, _ = encoder.encode_tensors(songs(), check_finite=False)
+    assert bool(torch.isnan(found[1]).any())
+
+
+def test_cpu_tensors_reach_the_cpu_unchanged() -> None:
+    ids = torch.tensor([[5, 6, 7]])
+    moved = to_device(ids, torch.device("cpu"))
+    assert torch.equal(moved, ids) and moved.device.type == "cpu"
