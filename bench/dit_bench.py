@@ -97,6 +97,12 @@ def parse_args() -> argparse.Namespace:
         help="LoKR w1-side mix",
     )
     parser.add_argument(
+        "--kron-compute",
+        default=adapters.KRON_COMPUTE,
+        choices=adapters.KRON_COMPUTES,
+        help="LoKR activations under autocast: float32 masters' dtype or the autocast dtype",
+    )
+    parser.add_argument(
         "--kron-w1-grad",
         default=adapters.KRON_W1_GRAD,
         choices=adapters.KRON_W1_GRADS,
@@ -527,6 +533,7 @@ def main() -> int:
     args = parse_args()
     adapters.KRON_MIX = args.kron_mix  # before any LoKR forward (and before compiling)
     adapters.KRON_W1_GRAD = args.kron_w1_grad
+    adapters.KRON_COMPUTE = args.kron_compute
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     started = time.time()

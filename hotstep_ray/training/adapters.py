@@ -198,6 +198,15 @@ KRON_MIXES = ("gemm", "pointwise", "ordered")
 # tokens. Same value; "bmm" measured faster (see KRON_MIX; bench/dit_bench.py --kron-w1-grad).
 KRON_W1_GRAD = "bmm"
 KRON_W1_GRADS = ("gemm", "bmm")
+# What LoKR's factored forward computes in under autocast (the CUDA trainer's bf16): "master"
+# casts each adapted input to the float32 master factors' dtype (peft's rule), so the w1 mix
+# reads and writes float32 activations and saves a float32 copy of the input for its backward,
+# and autocast then casts the mix's output back for the w2 GEMM; "autocast" runs the mix and
+# the GEMM on autocast-dtype activations with the factors cast to it (the rounding the GEMM
+# path already had). Gradients still reach the float32 masters. Without autocast both are
+# "master". Which is faster is measured, not assumed (bench/dit_bench.py --kron-compute).
+KRON_COMPUTE = "master"
+KRON_COMPUTES = ("master", "autocast")
 
 
 def mix_rows(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -306,8 +315,24 @@ class KronLinear(PeftLoKrLinear):
             w2: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = self.lokr_w2[adapter_name]
         else:
             w2 = (self.lokr_w2_a[adapter_name], self.lokr_w2_b[adapter_name])
-        x = self._cast_input_dtype(input, w1.dtype)
+        compute = autocast_dtype(input.device.type) if KRON_COMPUTE == "autocast" else None
+        if compute is not None:
+            # Under autocast the GEMMs take `compute` operands anyway: keep the whole path there
+            # (the w1 mix, what it saves for the backward) instead of float32 copies of every
+            # adapted input; the factors are cast once per call, as autocast would for a GEMM.
+            x = input.to(compute)
+            w1 = w1.to(compute)
+            w2 = tuple(w.to(compute) for w in w2) if isinstance(w2, tuple) else w2.to(compute)
+        else:
+            x = self._cast_input_dtype(input, w1.dtype)
         return kron_linear(x, w1, w2, self.scaling[adapter_name])
+
+
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The autocast dtype in effect for `device_type`, or None when autocast is off there."""
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
 
 
 class _KronLoKrModel(LoKrModel):

@@ -233,3 +233,50 @@ def test_pointwise_kron_mixes_give_the_gemm_path_values_and_gradients(
         torch.testing.assert_close(y_mode, y_gemm, rtol=1e-12, atol=1e-12)
         for got, want in zip(g_mode, g_gemm, strict=True):
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_lokr_under_autocast_keeps_the_autocast_dtype_when_asked(
+    monkeypatch, make_toy, toy_inputs, randomize
+):
+    """KRON_COMPUTE "autocast": under (CPU) bf16 autocast the w1 mix sees bf16 activations and
+    factors, not float32 copies; the output and the float32 masters' gradients stay within bf16
+    rounding of the "master" path's. Outside autocast both paths are the same float32 math."""
+    seen: list[torch.dtype] = []
+    mix = adapters.KronMix.apply
+
+    def recording(h, w1):
+        seen.append(h.dtype)
+        assert w1.dtype == h.dtype
+        return mix(h, w1)
+
+    monkeypatch.setattr(adapters.KronMix, "apply", staticmethod(recording))
+    monkeypatch.setattr(adapters, "KRON_MIX", "ordered")
+    model = adapters.inject(make_toy(0), SPECS["lokr"])
+    randomize(model)
+    model.train()
+    results = {}
+    for compute in adapters.KRON_COMPUTES:
+        monkeypatch.setattr(adapters, "KRON_COMPUTE", compute)
+        for autocast in (False, True):
+            seen.clear()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                out = model(*toy_inputs).float()
+            out.square().mean().backward()
+            grads = {n: p.grad.clone() for n, p in adapters.trainable_parameters(model)}
+            model.zero_grad(set_to_none=True)
+            assert seen, "no LoKR layer ran the w1 mix"
+            want = torch.bfloat16 if autocast and compute == "autocast" else torch.float32
+            assert set(seen) == {want}, (compute, autocast)
+            assert all(g.dtype == torch.float32 for g in grads.values())  # the masters' grads
+            results[compute, autocast] = (out.detach(), grads)
+    # without autocast: identical math
+    out_m, grads_m = results["master", False]
+    out_a, grads_a = results["autocast", False]
+    assert torch.equal(out_m, out_a)
+    assert all(torch.equal(grads_m[k], grads_a[k]) for k in grads_m)
+    # under autocast: bf16 rounding apart, and both near the float32 run
+    out_m, grads_m = results["master", True]
+    out_a, grads_a = results["autocast", True]
+    assert _rel(out_a, out_m) < 1e-2 and _rel(out_a, results["master", False][0]) < 2e-2
+    for key, want in grads_m.items():
+        assert _rel(grads_a[key], want) < 0.05, key
