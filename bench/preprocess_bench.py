@@ -366,6 +366,12 @@ def main() -> None:
         default="",
         help="a bench/oobleck_kernel_sweep.py report: run with its fastest kernel configurations",
     )
+    parser.add_argument(
+        "--cudnn-benchmark-limit",
+        type=int,
+        default=None,
+        help="cuDNN algorithms autotuned per conv shape (torch's default 10; 0 = all of them)",
+    )
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--baseline", action="store_true", help="also time plain diffusers")
     parser.add_argument(
@@ -419,6 +425,8 @@ def main() -> None:
     from hotstep_ray.preprocess.vae_tiles import TAIL_STEP
 
     torch.backends.cudnn.benchmark = True  # every VAE window has the same shape
+    if args.cudnn_benchmark_limit is not None:  # before the first conv of each shape
+        torch.backends.cudnn.benchmark_limit = args.cudnn_benchmark_limit
     device, dtype = torch.device("cuda"), torch.bfloat16
     log("building full-size random models ...")
     vae, text, tokenizer, dit = build_parts(device, dtype)
@@ -453,6 +461,7 @@ def main() -> None:
             str(c): list(v) for c, v in oobleck_kernels.SNAKE_NWC_CONFIGS.items()
         },
         "kernel_sweep_applied": kernel_configs,
+        "cudnn_benchmark_limit": torch.backends.cudnn.benchmark_limit,
         "codes_pass": args.codes_pass,  # the swept list
         "codes_margin": args.codes_margin,
         "memory_cap_gib": args.memory_cap_gib,  # the swept list

@@ -1,30 +1,29 @@
 #!/bin/bash
 # What session 6 left unmeasured, in priority order. One `run`, carry [".device_wheels"],
-# ~8 min; JSON and logs land in $OUT.
+# ~7 min; JSON and logs land in $OUT.
 #   1. issue 5: where the preprocessing batch's GPU idles. At the defaults a batch takes
 #      979-1009 ms for ~880 ms of stage GPU work (VAE 739, codes 123, conditions ~20): the
 #      profile of one whole batch (GPU busy vs wall, top host calls) in the new stage order.
-#      2000 audio-s per GPU-s needs 960 ms.
+#      2000 audio-s per GPU-s needs 960 ms. (This session also copies a batch's results to
+#      pinned memory with one wait, unmeasured yet.) Then the same with cuDNN autotuning all
+#      algorithms.
 #   2. issue 6: LoKR 512 at batch 2 with `--kron-compute autocast` (the w1 mix on bf16
 #      activations instead of float32 copies of every adapted input; the default "master"
-#      took 202 ms against LoRA r64's 154, the arithmetic bound ~185), then the default's step
-#      profile. The faster becomes `adapters.KRON_COMPUTE`.
+#      took 202 ms against LoRA r64's 154, the arithmetic bound ~185). The faster becomes
+#      `adapters.KRON_COMPUTE`; next_run2.sh profiles the step.
 # Then next_run2.sh.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .device_wheels/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 130 python3 bench/preprocess_bench.py --vae-paths fast-nhwc --vae-chunk 1536 --codes-pass tf32 --iters 3 --profile --budget-s 115 --out $OUT/pre_profile.json > $OUT/pre.log 2>&1; echo "preprocess rc=$?"
+# the same without the profile, cuDNN autotuning every algorithm instead of its top 10 (some
+# VAE convs ran on sm80 kernels: 216 of ~420 ms of conv kernels)
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 100 python3 bench/preprocess_bench.py --vae-paths fast-nhwc --vae-chunk 1536 --codes-pass tf32 --iters 3 --cudnn-benchmark-limit 0 --budget-s 90 --out $OUT/pre_cudnn_all.json > $OUT/pre_cudnn.log 2>&1; echo "cudnn-all rc=$?"
 python3 -c "
 import json, os
-for c in json.load(open(os.environ['OUT'] + '/pre_profile.json'))['cases']:
-    print({k: c.get(k) for k in ('audio_s_per_gpu_s', 'batch_ms_all', 'peak_reserved_gib', 'stage_ms', 'outside_stages_ms', 'encode_profile', 'vae_top_kernels_ms', 'error')})
-" 2>&1 | cut -c1-4000
+for name in ('pre_profile', 'pre_cudnn_all'):
+  for c in json.load(open(os.environ['OUT'] + '/' + name + '.json'))['cases']:
+    print(name, {k: c.get(k) for k in ('audio_s_per_gpu_s', 'batch_ms_all', 'peak_reserved_gib', 'stage_ms', 'outside_stages_ms', 'encode_profile', 'vae_top_kernels_ms', 'error')})
+" 2>&1 | cut -c1-4500
 B="python3 bench/dit_bench.py --steps 5 --warmup 2 --compile reduce-overhead --models 2b --adapters lokr512 --crops 6000 --batches 2"
 timeout 130 $B --time-budget-s 115 --kron-compute autocast --out $OUT/dit_lokr_autocast.json 2>&1 | grep '"step_ms"'
-timeout 170 $B --time-budget-s 155 --kron-compute master --profile --out $OUT/dit_lokr_profile.json > $OUT/dit.log 2>&1; echo "dit rc=$?"
-grep '"step_ms"' $OUT/dit.log
-python3 -c "
-import json, os
-r = json.load(open(os.environ['OUT'] + '/dit_lokr_profile.json'))['rows'][0]
-print(json.dumps(r.get('profile'))[:3000])
-" 2>&1

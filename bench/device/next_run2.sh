@@ -4,7 +4,8 @@
 #   2. issue 8: p50/p99 of codes -> audio under 8 and 32 concurrent clients on one warmed fast
 #      decoder (last measured with the first, plain decoder: 418 / 1676 ms p50)
 #   3. issue 6: 2B LoRA r64 at batch 3, 6000 frames (batch 2: 3124.5 audio-s/s in 20.3 GiB)
-#   4. issue 7: the 4B LM step with hybrid Muon (the recipe's optimizer; the goal rows used AdamW)
+#   4. issue 6: the LoKR 512 step's kernel profile at batch 2 (what is left beyond the
+#      arithmetic bound); set `--kron-compute` to next_run.sh's faster mode first
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .device_wheels/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -13,4 +14,10 @@ grep -E '"section"|Traceback' $OUT/lm.log | cut -c1-500 | tail -3
 timeout 90 python3 bench/audition_bench.py --sections decode-load --load-vae-config fast-nhwc --clients 8,32 --budget-s 80 --out $OUT/audition_load.json > $OUT/load.log 2>&1; echo "load rc=$?"
 grep -E '"section"|Traceback' $OUT/load.log | cut -c1-400 | tail -3
 timeout 140 python3 bench/dit_bench.py --steps 5 --warmup 2 --compile reduce-overhead --models 2b --adapters lora64 --crops 6000 --batches 3 --time-budget-s 125 --out $OUT/dit_2b_b3.json 2>&1 | grep '"step_ms"'
-timeout 100 python3 bench/lm_bench.py --steps 8 --sizes 4B --configs song_ro_muon --out $OUT/lm_4b_muon 2>&1 | grep -E '^\| 4B|Error|Traceback' | cut -c1-300
+timeout 170 python3 bench/dit_bench.py --steps 5 --warmup 2 --compile reduce-overhead --models 2b --adapters lokr512 --crops 6000 --batches 2 --time-budget-s 155 --kron-compute master --profile --out $OUT/dit_lokr_profile.json > $OUT/dit.log 2>&1; echo "dit rc=$?"
+grep '"step_ms"' $OUT/dit.log
+python3 -c "
+import json, os
+r = json.load(open(os.environ['OUT'] + '/dit_lokr_profile.json'))['rows'][0]
+print(json.dumps(r.get('profile'))[:3000])
+" 2>&1

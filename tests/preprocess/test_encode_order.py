@@ -52,6 +52,27 @@ def test_a_batch_equals_its_stages_run_one_by_one(encoder) -> None:
         assert not states.requires_grad
 
 
+def test_encode_hands_back_cpu_copies_of_the_batch_tensors(encoder) -> None:
+    items = songs()
+    samples = encoder.encode(items)
+    latents, conds, genre, codes = encoder.encode_tensors(items)
+    silence = encoder.dit.silence_latent
+    for index, sample in enumerate(samples):
+        assert sample.sample_id == items[index].sample_id
+        assert torch.equal(sample.target_latents, latents[index])
+        assert torch.equal(sample.encoder_hidden_states, conds[index][0])
+        assert torch.equal(sample.audio_codes, codes[index])
+        assert (sample.s_text, sample.s_lyric) == conds[index][1:]
+        frames = latents[index].shape[0]
+        assert sample.context_latents.shape == (frames, 128)
+        assert torch.equal(sample.context_latents[:, :64], silence[:frames])
+        assert bool((sample.context_latents[:, 64:] == 1).all())
+        for tensor in (sample.target_latents, sample.encoder_hidden_states, sample.audio_codes):
+            assert tensor.device.type == "cpu"
+    assert torch.equal(samples[0].genre_hidden_states, genre[0][0])
+    assert samples[0].s_text_genre == genre[0][1] and samples[1].genre_hidden_states is None
+
+
 def test_nan_latents_are_refused_after_the_conditions_and_before_the_codes(
     encoder, monkeypatch
 ) -> None:
