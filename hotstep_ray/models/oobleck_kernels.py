@@ -2,9 +2,12 @@
 
 - Snake, x + 1/(e^beta + 1e-9) * sin(e^alpha * x)^2, as one Triton kernel (NCW rows or
   channels-last tiles, optionally with a folded conv bias: snake(x + shift)), with a plain torch
-  twin (`snake_torch`, bit-identical to diffusers' operation order in float32).
+  twin (`snake_torch`, bit-identical to diffusers' operation order in float32). Half-precision
+  tensors take the hardware sin (`SNAKE_FAST_SIN`); program sizes by width in
+  `SNAKE_NWC_CONFIGS`.
 - The residual unit's tail, x + conv2(snake2(h + shift)) with a 1x1 conv2, as one Triton GEMM
   kernel over channels-last [B * T, C] rows (bf16 / fp16, C in `RESIDUAL_TILES`).
+- `bench/oobleck_kernel_sweep.py` times the configurations on an encoder window's shapes.
 
 Kernels are built lazily: importing this module needs no Triton and no GPU.
 """
