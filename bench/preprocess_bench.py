@@ -16,6 +16,7 @@ same weights since the fast path prepares its VAE in place):
   old        plain diffusers modules (weight norm folded), as before
   fast       hotstep_ray.models.oobleck_fast: Triton Snake, CUDA graph per window-batch shape
   fast-nhwc  the same with channels-last 2-D convs;  fast-nographs, fast-compile likewise
+  fast-rows  fast-nhwc with the dilated convs as undilated ones over a view (`RowsConv`)
 Each fast case records the max |mean - old mean| of its first song's latents.
 
 Memory per case: the batch's allocated and reserved peaks, the reserved memory between batches
@@ -120,6 +121,7 @@ VAE_PATHS: dict[str, dict[str, Any] | None] = {
     "fast-nofuse": {"fuse_residual": False},
     "fast-torchsnake": {"snake": "torch"},
     "fast-compile": {"compile": True},
+    "fast-rows": {"layout": "nhwc", "dilated_as_rows": True},
 }
 
 

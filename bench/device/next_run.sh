@@ -1,12 +1,13 @@
 #!/bin/bash
 # What session 6 left unmeasured, in priority order. One `run`, carry [".device_wheels"],
-# ~7 min; JSON and logs land in $OUT.
+# ~8.5 min; JSON and logs land in $OUT.
 #   1. issue 5: where the preprocessing batch's GPU idles. At the defaults a batch takes
 #      979-1009 ms for ~880 ms of stage GPU work (VAE 739, codes 123, conditions ~20): the
 #      profile of one whole batch (GPU busy vs wall, top host calls) in the new stage order.
 #      2000 audio-s per GPU-s needs 960 ms. (This session also copies a batch's results to
-#      pinned memory with one wait, unmeasured yet.) Then the same with cuDNN autotuning all
-#      algorithms.
+#      pinned memory with one wait, unmeasured yet.) Then the VAE's dilated convs as
+#      undilated ones over a view (`OobleckFastOptions.dilated_as_rows`), and cuDNN autotuning
+#      all algorithms. A faster one becomes the default.
 #   2. issue 6: LoKR 512 at batch 2 with `--kron-compute autocast` (the w1 mix on bf16
 #      activations instead of float32 copies of every adapted input; the default "master"
 #      took 202 ms against LoRA r64's 154, the arithmetic bound ~185). The faster becomes
@@ -16,14 +17,17 @@ set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .device_wheels/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 130 python3 bench/preprocess_bench.py --vae-paths fast-nhwc --vae-chunk 1536 --codes-pass tf32 --iters 3 --profile --budget-s 115 --out $OUT/pre_profile.json > $OUT/pre.log 2>&1; echo "preprocess rc=$?"
-# the same without the profile, cuDNN autotuning every algorithm instead of its top 10 (some
-# VAE convs ran on sm80 kernels: 216 of ~420 ms of conv kernels)
+# Two ways at the VAE's sm80 convolution kernels (216 of ~420 ms of conv kernels), each in
+# its own process (cuDNN's algorithm cache is per process): the dilated convs as undilated
+# ones over a view (fast-rows, with the VAE's kernel profile), and cuDNN autotuning every
+# algorithm instead of its top 10
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 100 python3 bench/preprocess_bench.py --vae-paths fast-rows --vae-chunk 1536 --codes-pass tf32 --iters 3 --profile --budget-s 90 --out $OUT/pre_rows.json > $OUT/pre_rows.log 2>&1; echo "rows rc=$?"
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 100 python3 bench/preprocess_bench.py --vae-paths fast-nhwc --vae-chunk 1536 --codes-pass tf32 --iters 3 --cudnn-benchmark-limit 0 --budget-s 90 --out $OUT/pre_cudnn_all.json > $OUT/pre_cudnn.log 2>&1; echo "cudnn-all rc=$?"
 python3 -c "
 import json, os
-for name in ('pre_profile', 'pre_cudnn_all'):
+for name in ('pre_profile', 'pre_rows', 'pre_cudnn_all'):
   for c in json.load(open(os.environ['OUT'] + '/' + name + '.json'))['cases']:
-    print(name, {k: c.get(k) for k in ('audio_s_per_gpu_s', 'batch_ms_all', 'peak_reserved_gib', 'stage_ms', 'outside_stages_ms', 'encode_profile', 'vae_top_kernels_ms', 'error')})
-" 2>&1 | cut -c1-4500
+    print(name, {k: c.get(k) for k in ('vae', 'audio_s_per_gpu_s', 'batch_ms_all', 'peak_reserved_gib', 'stage_ms', 'outside_stages_ms', 'max_abs_mean_diff_vs_first_case', 'encode_profile', 'vae_top_kernels_ms', 'error')})
+" 2>&1 | cut -c1-6000
 B="python3 bench/dit_bench.py --steps 5 --warmup 2 --compile reduce-overhead --models 2b --adapters lokr512 --crops 6000 --batches 2"
 timeout 130 $B --time-budget-s 115 --kron-compute autocast --out $OUT/dit_lokr_autocast.json 2>&1 | grep '"step_ms"'
