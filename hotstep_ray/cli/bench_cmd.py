@@ -32,6 +32,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "mm3": ("mm3_bench.py", "MM3 DiT LoRA training step"),
     "label": ("label_bench.py", "Essentia analysis cost and actor scaling (CPU)"),
     "compile-check": ("dit_compile_check.py", "compiled vs eager DiT gradients"),
+    "kernel-sweep": ("oobleck_kernel_sweep.py", "tiles of the VAE's Triton kernels (GPU)"),
 }
 
 app = typer.Typer(
