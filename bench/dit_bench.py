@@ -93,7 +93,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--kron-mix",
         default=adapters.KRON_MIX,
-        choices=adapters.KRON_MIXES,
+        choices=("auto", *adapters.KRON_MIXES),
         help="LoKR w1-side mix",
     )
     parser.add_argument(

@@ -188,9 +188,20 @@ def lokr_alpha(shape: LokrShape, spec: AdapterSpec) -> float:
 # 2B: every attention projection and the MLP's down), else w2 first as "pointwise". Same math.
 # Measured (H200, 2B, LoKR 512, 6000 frames, batch 2, CUDA graphs; bench/dit_bench.py
 # --kron-mix; docs/BENCHMARKS.md, eighth device run): gemm 275.7 ms per step, ordered 214.2,
-# ordered with the "bmm" w1 gradient (KRON_W1_GRAD) 202.0.
-KRON_MIX = "ordered"
-KRON_MIXES = ("gemm", "pointwise", "ordered")
+# ordered with the "bmm" w1 gradient (KRON_W1_GRAD) 202.0. On the CPU the GEMM mix is the
+# faster (tiny DiT layer, 2 cores: 285 vs 352 us per forward + backward), so "auto" picks
+# "ordered" for CUDA tensors and "gemm" otherwise.
+KRON_MIX = "auto"
+KRON_MIXES = ("gemm", "pointwise", "ordered")  # the concrete mixes; KRON_MIX may also be "auto"
+
+
+def kron_mix(x: torch.Tensor) -> str:
+    """The mix `kron_linear` runs for input `x` (KRON_MIX, "auto" resolved by device)."""
+    if KRON_MIX != "auto":
+        return KRON_MIX
+    return "ordered" if x.is_cuda else "gemm"
+
+
 # KronMix's w1 gradient, Σ over tokens and columns of dy[.., i, :] · h[.., j, :]: "gemm" as one
 # [a, tokens·b] @ [tokens·b, c] GEMM, which needs both operands copied into that layout first
 # (two transposed copies of an activation per adapted Linear); "bmm" as a batched GEMM of one
@@ -265,7 +276,8 @@ def kron_linear(
     a, c = w1.shape
     lead = x.shape[:-1]
     h = x.reshape(*lead, c, -1)  # [..., c, d]
-    if KRON_MIX == "ordered" and a <= c:  # (w1 · X) · w2ᵀ: the GEMM's output is [..., a, b]
+    mix = kron_mix(x)
+    if mix == "ordered" and a <= c:  # (w1 · X) · w2ᵀ: the GEMM's output is [..., a, b]
         u = KronMix.apply(h, w1)  # [..., a, d]
         y = u @ w2[1].T @ w2[0].T if isinstance(w2, tuple) else u @ w2.T
         y = y.reshape(*lead, -1)
@@ -275,7 +287,7 @@ def kron_linear(
     else:
         h = h @ w2.T  # [..., c, b]
     b = h.shape[-1]
-    if KRON_MIX in ("pointwise", "ordered"):
+    if mix in ("pointwise", "ordered"):
         y = KronMix.apply(h, w1).reshape(*lead, a * b)  # [..., a, b] -> row index i·b + j
     else:
         y = h.transpose(-1, -2) @ w1.T  # [..., b, a]
