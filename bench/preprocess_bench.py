@@ -342,6 +342,16 @@ def main() -> None:
         "stages (auto: unless expandable segments)",
     )
     parser.add_argument(
+        "--staged-upload",
+        default=PRODUCT[EncoderSettings.staged_upload],
+        help="comma list to sweep of on, off: songs cross to the GPU one by one on a side stream",
+    )
+    parser.add_argument(
+        "--pageable-audio",
+        action="store_true",
+        help="songs in pageable memory, as Ray Data hands them to an encoder (default: pinned)",
+    )
+    parser.add_argument(
         "--snake-sin",
         default="fast",
         help="comma list to sweep of fast, accurate: the Triton Snake's sin for bf16 "
@@ -398,6 +408,9 @@ def main() -> None:
     releases = args.release_cache.split(",")
     if set(releases) - {"auto", "on", "off"}:
         parser.error(f"--release-cache takes auto, on and/or off, not {args.release_cache!r}")
+    uploads = args.staged_upload.split(",")
+    if set(uploads) - {"on", "off"}:
+        parser.error(f"--staged-upload takes on and/or off, not {args.staged_upload!r}")
     sines = args.snake_sin.split(",")
     if set(sines) - {"fast", "accurate"}:
         parser.error(f"--snake-sin takes fast and/or accurate, not {args.snake_sin!r}")
@@ -434,9 +447,9 @@ def main() -> None:
     vae, text, tokenizer, dit = build_parts(device, dtype)
     generator = torch.Generator().manual_seed(0)
     samples = int(args.seconds * 48000)
-    audios = [
-        (0.1 * torch.randn(2, samples, generator=generator)).pin_memory() for _ in range(args.songs)
-    ]
+    audios = [0.1 * torch.randn(2, samples, generator=generator) for _ in range(args.songs)]
+    if not args.pageable_audio:
+        audios = [audio.pin_memory() for audio in audios]
     metas = {"bpm": 120, "timesignature": "4", "keyscale": "A minor", "duration": args.seconds}
     items = [
         EncodeItem(
@@ -457,6 +470,8 @@ def main() -> None:
         "vae_overlap_frames": args.vae_overlap,
         "release_cache": args.release_cache,  # the swept list
         "snake_sin": args.snake_sin,  # the swept list
+        "staged_upload": args.staged_upload,  # the swept list
+        "pageable_audio": args.pageable_audio,
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         "residual_tiles": {str(c): list(v) for c, v in oobleck_kernels.RESIDUAL_TILES.items()},
         "snake_nwc_configs": {
@@ -492,21 +507,23 @@ def main() -> None:
             if mode != "none" and path != "old":
                 continue  # the fast path has its own compile option (fast-compile)
             sweep = [
-                (int(chunk), int(windows), release, sine, codes_pass, cap)
+                (int(chunk), int(windows), release, upload, sine, codes_pass, cap)
                 for chunk in args.vae_chunk.split(",")
                 for windows in args.vae_batch_windows.split(",")
                 for release in releases
+                for upload in uploads
                 for sine in sines
                 for codes_pass in code_passes
                 for cap in caps
             ]
-            for chunk, windows, release, sine, codes_pass, cap in sweep:
+            for chunk, windows, release, upload, sine, codes_pass, cap in sweep:
                 case: dict[str, Any] = {
                     "vae_path": path,
                     "compile": mode,
                     "vae_chunk_frames": chunk,
                     "vae_batch_windows": windows,
                     "release_cache": release,
+                    "staged_upload": upload,
                     "snake_sin": sine,
                     "codes_pass": codes_pass,
                     "memory_cap_gib": cap,
@@ -535,6 +552,7 @@ def main() -> None:
                     vae_overlap_frames=args.vae_overlap,
                     vae_batch_frames=windows * chunk,
                     release_cache_between_stages=SWITCH[release],
+                    staged_upload=upload == "on",
                     codes_fast_pass=codes_pass,
                     codes_recheck_margin=args.codes_margin,
                     memory_cap_gib=cap,

@@ -1,6 +1,6 @@
 #!/bin/bash
 # What session 6 left unmeasured, in priority order. One `run`, carry [".device_wheels"],
-# ~8.5 min; JSON and logs land in $OUT.
+# ~8.5 min (issue 5 only); JSON and logs land in $OUT.
 #   1. issue 5: where the preprocessing batch's GPU idles. At the defaults a batch takes
 #      979-1009 ms for ~880 ms of stage GPU work (VAE 739, codes 123, conditions ~20): the
 #      profile of one whole batch (GPU busy vs wall, top host calls) in the new stage order.
@@ -8,10 +8,9 @@
 #      pinned memory with one wait, unmeasured yet.) Then the VAE's dilated convs as
 #      undilated ones over a view (`OobleckFastOptions.dilated_as_rows`), and cuDNN autotuning
 #      all algorithms. A faster one becomes the default.
-#   2. issue 6: LoKR 512 at batch 2 with `--kron-compute autocast` (the w1 mix on bf16
-#      activations instead of float32 copies of every adapted input; the default "master"
-#      took 202 ms against LoRA r64's 154, the arithmetic bound ~185). The faster becomes
-#      `adapters.KRON_COMPUTE`; next_run2.sh profiles the step.
+#   2. issue 5: songs from pageable memory (what an encoder actor gets from Ray Data; the bench
+#      pins them by default), sent all at once vs one by one on a side stream
+#      (`EncoderSettings.staged_upload`). Faster becomes the default.
 # Then next_run2.sh.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .device_wheels/*.whl
@@ -23,11 +22,12 @@ PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 130 python3 bench/prepr
 # algorithm instead of its top 10
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 100 python3 bench/preprocess_bench.py --vae-paths fast-rows --vae-chunk 1536 --codes-pass tf32 --iters 3 --profile --budget-s 90 --out $OUT/pre_rows.json > $OUT/pre_rows.log 2>&1; echo "rows rc=$?"
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 100 python3 bench/preprocess_bench.py --vae-paths fast-nhwc --vae-chunk 1536 --codes-pass tf32 --iters 3 --cudnn-benchmark-limit 0 --budget-s 90 --out $OUT/pre_cudnn_all.json > $OUT/pre_cudnn.log 2>&1; echo "cudnn-all rc=$?"
+# songs from pageable memory, as Ray Data hands them to an encoder actor (the rows above are
+# pinned): all at once, then one by one on a side stream (`EncoderSettings.staged_upload`)
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 130 python3 bench/preprocess_bench.py --vae-paths fast-nhwc --vae-chunk 1536 --codes-pass tf32 --iters 3 --pageable-audio --staged-upload off,on --budget-s 120 --out $OUT/pre_staged.json > $OUT/pre_staged.log 2>&1; echo "staged rc=$?"
 python3 -c "
 import json, os
-for name in ('pre_profile', 'pre_rows', 'pre_cudnn_all'):
+for name in ('pre_profile', 'pre_rows', 'pre_cudnn_all', 'pre_staged'):
   for c in json.load(open(os.environ['OUT'] + '/' + name + '.json'))['cases']:
-    print(name, {k: c.get(k) for k in ('vae', 'audio_s_per_gpu_s', 'batch_ms_all', 'peak_reserved_gib', 'stage_ms', 'outside_stages_ms', 'max_abs_mean_diff_vs_first_case', 'encode_profile', 'vae_top_kernels_ms', 'error')})
+    print(name, {k: c.get(k) for k in ('vae', 'staged_upload', 'audio_s_per_gpu_s', 'batch_ms_all', 'peak_reserved_gib', 'stage_ms', 'outside_stages_ms', 'max_abs_mean_diff_vs_first_case', 'encode_profile', 'vae_top_kernels_ms', 'error')})
 " 2>&1 | cut -c1-6000
-B="python3 bench/dit_bench.py --steps 5 --warmup 2 --compile reduce-overhead --models 2b --adapters lokr512 --crops 6000 --batches 2"
-timeout 130 $B --time-budget-s 115 --kron-compute autocast --out $OUT/dit_lokr_autocast.json 2>&1 | grep '"step_ms"'

@@ -206,6 +206,7 @@ class Encoder:
             self.settings.vae_overlap_frames,
             self.settings.vae_batch_frames,
             fast=self.fast_vae,
+            staged_upload=self.settings.staged_upload,
         )
         # Nothing here waits for the GPU: the VAE's windows are queued, the noise is drawn on the
         # CPU meanwhile and crosses in pinned memory without a sync, so the caller's next stage

@@ -68,6 +68,51 @@ def plan_windows(frames: int, chunk: int, overlap: int, tail_step: int = 0) -> l
     return windows
 
 
+class SongUploads:
+    """The songs of one encode on the VAE's device, in its dtype.
+
+    Plain (and always off CUDA): every song crosses at once, `.to(device, dtype)`, before any
+    window runs; from pageable memory each copy first waits for the GPU to go idle. `staged`
+    (CUDA): the device buffers are allocated up front on the compute stream (their blocks stay
+    that stream's to reuse), and a song crosses when `get` first asks for it: the CPU converts
+    it to the VAE dtype into pinned memory, a side stream copies it, and the compute stream
+    waits for that copy alone. The conversion and copy of song i + 1 then run while the GPU
+    encodes song i. Same values either way (the same round-to-nearest conversion)."""
+
+    def __init__(
+        self,
+        audios: list[torch.Tensor],
+        device: torch.device,
+        dtype: torch.dtype,
+        staged: bool = False,
+    ) -> None:
+        self.staged = staged and device.type == "cuda"
+        self.dtype = dtype
+        if not self.staged:
+            self.songs = [a.to(device=device, dtype=dtype, non_blocking=True) for a in audios]
+            return
+        self.audios = audios
+        self.songs = [torch.empty(a.shape, device=device, dtype=dtype) for a in audios]
+        self.sent = [False] * len(audios)
+        self.main = torch.cuda.current_stream(device)
+        self.side = torch.cuda.Stream(device)
+        self.side.wait_stream(self.main)  # the new buffers' blocks may be read by queued work
+
+    def get(self, song: int) -> torch.Tensor:
+        """Song `song` on the device ([2, S], VAE dtype), sent first if it was not yet."""
+        if self.staged and not self.sent[song]:
+            audio = self.audios[song]
+            host = torch.empty(audio.shape, dtype=self.dtype, pin_memory=True)
+            host.copy_(audio)  # the dtype conversion, on the CPU while the GPU works
+            target = self.songs[song]
+            with torch.cuda.stream(self.side):
+                target.copy_(host, non_blocking=True)
+            target.record_stream(self.side)  # freed later on the compute stream: wait for both
+            self.main.wait_stream(self.side)
+            self.sent[song] = True
+        return self.songs[song]
+
+
 @torch.no_grad()
 def encode_moments(
     vae: torch.nn.Module,
@@ -77,10 +122,12 @@ def encode_moments(
     batch_frames: int = VAE_BATCH_FRAMES,
     fast: FastOobleck | None = None,
     tail_step: int = TAIL_STEP,
+    staged_upload: bool = False,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """[2, S] float audio per song -> (mean [T, D], std [T, D]) float32 per song, T = S // 1920,
     D = latent channels (64), on the VAE's device. Windows of equal length from all songs run
-    together, as many per forward as fit in `batch_frames` (at least one). `fast`: the prepared fast path of this same VAE."""
+    together, as many per forward as fit in `batch_frames` (at least one). `fast`: the
+    prepared fast path of this same VAE. `staged_upload`: see `SongUploads`."""
     if fast is not None and fast.vae is not vae:
         raise ValueError("`fast` wraps another VAE than `vae`")
     run_encoder = fast.encode if fast is not None else vae.encoder
@@ -88,7 +135,7 @@ def encode_moments(
     device, dtype = param.device, param.dtype
     channels = int(vae.config.decoder_input_channels)  # the encoder emits 2 x this (mean, scale)
     # Each song crosses to the device once (in the VAE dtype); windows are then device slices.
-    audios = [audio.to(device=device, dtype=dtype, non_blocking=True) for audio in audios]
+    uploads = SongUploads(audios, device, dtype, staged_upload)
     frames = [audio.shape[-1] // HOP_SAMPLES for audio in audios]
     means = [torch.empty(t, channels, device=device) for t in frames]
     stds = [torch.empty(t, channels, device=device) for t in frames]
@@ -102,7 +149,10 @@ def encode_moments(
         for first in range(0, len(jobs), per_forward):
             group = jobs[first : first + per_forward]
             batch = torch.stack(
-                [audios[song][:, w.start * HOP_SAMPLES : w.stop * HOP_SAMPLES] for song, w in group]
+                [
+                    uploads.get(song)[:, w.start * HOP_SAMPLES : w.stop * HOP_SAMPLES]
+                    for song, w in group
+                ]
             )  # [N, 2, length * 1920]
             moments = run_encoder(batch).float()  # [N, 128, length]: mean ‖ raw scale
             mean, scale = moments.chunk(2, dim=1)

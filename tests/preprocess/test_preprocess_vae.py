@@ -110,3 +110,70 @@ def test_fast_encode_equals_the_plain_encode() -> None:
         torch.testing.assert_close(fast_std, std, atol=2e-5, rtol=0)
     with pytest.raises(ValueError, match="another VAE"):
         encode_moments(plain, audios, chunk=16, overlap=6, fast=fast)
+
+
+def test_staged_uploads_send_each_song_once_just_before_it_is_needed(monkeypatch) -> None:
+    """`SongUploads(staged=True)` on CUDA, with the CUDA calls replaced by recorders (no GPU
+    here): nothing crosses up front, a song crosses on its first `get` only, converted to the VAE
+    dtype, on the side stream, and the compute stream waits for it before using it. Off CUDA
+    the flag changes nothing."""
+    from hotstep_ray.preprocess import vae_tiles
+
+    log: list[tuple] = []
+
+    class FakeStream:
+        def __init__(self, *_device: object, name: str = "side") -> None:
+            self.name = name
+
+        def wait_stream(self, other: FakeStream) -> None:
+            log.append(("wait", self.name, other.name))
+
+    main = FakeStream(name="main")
+    current = [main]
+
+    class OnStream:
+        def __init__(self, stream: FakeStream) -> None:
+            self.stream = stream
+
+        def __enter__(self) -> None:
+            current.append(self.stream)
+
+        def __exit__(self, *_: object) -> None:
+            current.pop()
+
+    real_empty, real_copy = torch.empty, torch.Tensor.copy_
+
+    def empty(*shape, device=None, pin_memory=False, **kwargs):  # CPU stand-ins
+        return real_empty(*shape, **kwargs)
+
+    def copy_(self, src, non_blocking=False):
+        log.append(("copy", current[-1].name, src.dtype, self.dtype))
+        return real_copy(self, src)
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "stream", OnStream)
+    monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(torch.Tensor, "copy_", copy_)
+    monkeypatch.setattr(
+        torch.Tensor, "record_stream", lambda self, s: log.append(("record", s.name))
+    )
+    generator = torch.Generator().manual_seed(4)
+    audios = [torch.randn(2, 50, generator=generator) for _ in range(3)]
+    uploads = vae_tiles.SongUploads(audios, torch.device("cuda"), torch.bfloat16, staged=True)
+    assert log == [("wait", "side", "main")]  # the side stream starts after queued work
+    log.clear()
+    song = uploads.get(1)
+    assert torch.equal(song, audios[1].to(torch.bfloat16))
+    assert log == [
+        ("copy", "main", torch.float32, torch.bfloat16),  # the CPU conversion, pinned buffer
+        ("copy", "side", torch.bfloat16, torch.bfloat16),  # the host -> device copy
+        ("record", "side"),
+        ("wait", "main", "side"),  # the compute stream waits before it reads the song
+    ]
+    log.clear()
+    assert uploads.get(1) is song and log == []  # sent once
+    assert torch.equal(uploads.get(0), audios[0].to(torch.bfloat16)) and len(log) == 4
+    monkeypatch.undo()
+    plain = vae_tiles.SongUploads(audios, torch.device("cpu"), torch.float32, staged=True)
+    assert not plain.staged and plain.get(2) is not None and torch.equal(plain.get(2), audios[2])
