@@ -4,10 +4,12 @@
 #   1. issue 5: where the preprocessing batch's GPU idles. At the defaults a batch takes
 #      979-1009 ms for ~880 ms of stage GPU work (VAE 739, codes 123, conditions ~20): the
 #      profile of one whole batch (GPU busy vs wall, top host calls) in the new stage order.
-#      2000 audio-s per GPU-s needs 960 ms. (This session also copies a batch's results to
-#      pinned memory with one wait, unmeasured yet.) Then the VAE's dilated convs as
-#      undilated ones over a view (`OobleckFastOptions.dilated_as_rows`), and cuDNN autotuning
-#      all algorithms. A faster one becomes the default.
+#      2000 audio-s per GPU-s needs 960 ms. Landed since that run, unmeasured: one float32
+#      codes recheck per batch (one sync instead of three per tokenizer call), and the batch's
+#      results copied to pinned memory with one wait (instead of ~24 waiting copies). Then
+#      the VAE's dilated convs as undilated ones over a view
+#      (`OobleckFastOptions.dilated_as_rows`), and cuDNN autotuning all algorithms. A faster
+#      one becomes the default.
 #   2. issue 5: songs from pageable memory (what an encoder actor gets from Ray Data; the bench
 #      pins them by default), sent all at once vs one by one on a side stream
 #      (`EncoderSettings.staged_upload`). Faster becomes the default.

@@ -147,21 +147,60 @@ def fast_codes(
     doc). `silence_latent` [1, N, C] pads T to a multiple of 5 as `tokenize_latents` does; the
     frame mask only shapes `tokenize_latents`' pooled mask, never the codes, so it is not taken.
     `mode`: "off" (plain float32), "tf32" or "bf16"; `margin` in level units (0 = no recheck)."""
+    return fast_codes_many(tokenizer, [latents], silence_latent, mode, margin)[0]
+
+
+@torch.no_grad()
+def fast_codes_many(
+    tokenizer: AceStepAudioTokenizer,
+    groups: list[torch.Tensor],
+    silence_latent: torch.Tensor,
+    mode: str,
+    margin: float,
+    recheck_windows: int = 0,
+) -> list[FastCodes]:
+    """`fast_codes` of several tokenizer calls ([B_i, T_i, C] latents each) with one recheck
+    for all of them: pass 1 runs call by call (its activations bound the memory), then the
+    windows near a boundary, gathered across calls, run through the float32 tokenizer in
+    chunks of at most `recheck_windows` (0 = one chunk). One sync for the whole set (the count
+    of windows to recheck) instead of three per call."""
     window = tokenizer.pool_window_size
-    total = latents.shape[0] * -(-latents.shape[1] // window)  # B * T5
     quantizer = tokenizer.quantizer
+    totals = [g.shape[0] * -(-g.shape[1] // window) for g in groups]  # B * T5 per call
     if mode == "off" or quantizer.num_quantizers != 1:
         # Residual levels (scale < 1) quantize what pass 1's error left over, so a margin on the
         # first level's brackets bounds nothing: everything in float32 (all "rechecked").
-        indices = tokenize_latents(tokenizer, latents, silence_latent).indices
-        return FastCodes(indices, total, 0 if mode == "off" else total)
-    windows = _windows(tokenizer, latents, silence_latent)  # [B, T5, 5, C]
-    pooled = _pooled(tokenizer, windows, mode)  # [B, T5, H]
-    _, indices = quantizer(pooled)  # float32 FSQ, diffusers' code: [B, T5, 1] int64
-    margins = boundary_margin(fsq_brackets(quantizer, pooled))  # [B, T5]
-    redo = ~(margins >= margin)  # NaN margins are rechecked too
-    count = int(redo.sum())
-    if count:
-        _, exact = tokenizer.tokenize(windows[redo])  # [n, 5, C] -> [n, 1, 1], plain float32
-        indices[redo] = exact[:, 0]
-    return FastCodes(indices.to(torch.int32), total, count)
+        return [
+            FastCodes(
+                tokenize_latents(tokenizer, g, silence_latent).indices,
+                total,
+                0 if mode == "off" else total,
+            )
+            for g, total in zip(groups, totals, strict=True)
+        ]
+    found, flat_windows, flat_redo = [], [], []
+    for latents in groups:
+        windows = _windows(tokenizer, latents, silence_latent)  # [B, T5, 5, C]
+        pooled = _pooled(tokenizer, windows, mode)  # [B, T5, H]
+        _, indices = quantizer(pooled)  # float32 FSQ, diffusers' code: [B, T5, 1] int64
+        margins = boundary_margin(fsq_brackets(quantizer, pooled))  # [B, T5]
+        found.append(indices)
+        flat_windows.append(windows.reshape(-1, *windows.shape[2:]))  # [B * T5, 5, C]
+        flat_redo.append(~(margins >= margin).reshape(-1))  # NaN margins are rechecked too
+    counts = torch.stack([mask.sum() for mask in flat_redo])  # per call, queued before ...
+    redo = torch.cat(flat_redo).nonzero().squeeze(1)  # ... the one sync that waits for pass 1
+    rechecked = counts.tolist()  # already computed: no further wait
+    codes = torch.cat([indices.reshape(-1) for indices in found])  # [sum B * T5] int64
+    if redo.numel():
+        every_window = torch.cat(flat_windows)
+        chunk = recheck_windows if recheck_windows > 0 else redo.numel()
+        for first in range(0, redo.numel(), chunk):
+            rows = redo[first : first + chunk]
+            _, exact = tokenizer.tokenize(every_window.index_select(0, rows))  # [n, 1, 1]
+            codes.index_copy_(0, rows, exact.reshape(-1).to(codes.dtype))
+    out, offset = [], 0
+    for indices, total, count in zip(found, totals, rechecked, strict=True):
+        part = codes[offset : offset + total].reshape(indices.shape)
+        out.append(FastCodes(part.to(torch.int32), total, count))
+        offset += total
+    return out

@@ -99,6 +99,24 @@ def test_odd_lengths_and_several_rows_match_fp32(tokenizer, frames):
     assert torch.equal(found.indices, fp32_codes(tokenizer, x))
 
 
+@pytest.mark.parametrize("chunk", [0, 7])  # one recheck call, or chunks of 7 windows
+def test_several_calls_share_one_recheck(tokenizer, chunk):
+    """`fast_codes_many`: calls of different shapes, pass 1 each, one gathered recheck (in
+    chunks or not): every call's codes are the float32 ones and its own recheck count is the
+    one `fast_codes` finds for it alone."""
+    groups = [latents(2, 203, seed=5), latents(3, 60, seed=6), latents(1, 12, seed=7)]
+    found = fsq_fast.fast_codes_many(
+        tokenizer, groups, SILENCE, "bf16", margin=MARGIN, recheck_windows=chunk
+    )
+    assert [f.windows for f in found] == [2 * 41, 3 * 12, 1 * 3]
+    for x, many in zip(groups, found, strict=True):
+        alone = fast_codes(tokenizer, x, SILENCE, "bf16", margin=MARGIN)
+        assert many.indices.dtype == torch.int32 and many.indices.shape == alone.indices.shape
+        assert torch.equal(many.indices, fp32_codes(tokenizer, x))
+        assert many.rechecked == alone.rechecked
+    assert sum(f.rechecked for f in found) > 7  # the chunked case did take several chunks
+
+
 def test_brackets_see_the_silence_padding(tokenizer):
     """The padded window's brackets follow `silence_latent`, not zeros."""
     x = latents(1, 7)
