@@ -20,6 +20,7 @@ import json
 import os
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,38 @@ def channels_last(c: int, t: int, generator: torch.Generator) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last)
 
 
+def sweep(
+    launch: Callable[[tuple[int, ...]], torch.Tensor],
+    current: tuple[int, ...],
+    configs: list[tuple[int, ...]],
+    gbytes: float,
+    reps: int,
+) -> dict[str, Any]:
+    """Time `launch(cfg)` for the current configuration and every other one in `configs`,
+    each checked against the current one's output. {"current", "best", "top5", "tried",
+    "results"}: results are the configurations that ran (one that does not fit, e.g. out of
+    shared memory, is counted in "tried" only)."""
+    current = tuple(current)
+    reference = launch(current)
+    results = []
+    tried = [current] + [tuple(cfg) for cfg in configs if tuple(cfg) != current]
+    for cfg in tried:
+        try:
+            diff = float((launch(cfg).float() - reference.float()).abs().max())
+            ms = bench(lambda cfg=cfg: launch(cfg), reps)
+        except Exception:  # this tile / program size does not fit the kernel
+            continue
+        results.append({"cfg": cfg, "ms": ms, "gb_s": gbytes / ms * 1e3, "max_diff": diff})
+    ranked = sorted(results, key=lambda r: r["ms"])
+    return {
+        "current": results[0],
+        "best": ranked[0],
+        "top5": ranked[:5],
+        "tried": len(tried),
+        "results": results,
+    }
+
+
 def residual_sweep(c: int, t: int, reps: int) -> dict[str, Any]:
     generator = torch.Generator(device="cuda").manual_seed(c + t)
     h, x = channels_last(c, t, generator), channels_last(c, t, generator)
@@ -75,32 +108,14 @@ def residual_sweep(c: int, t: int, reps: int) -> dict[str, Any]:
         )  # fmt: skip
         return out
 
-    current = ok.RESIDUAL_TILES[c]
-    reference = launch(current)
-    results = [{"cfg": current, "ms": bench(lambda: launch(current), reps), "max_diff": 0.0}]
-    gbytes = 3 * h.numel() * h.element_size() / 1e9
-    results[0]["gb_s"] = gbytes / results[0]["ms"] * 1e3
-    for block_m, block_n, block_k, warps, stages in itertools.product(
-        (64, 128, 256), (64, 128, 256), (32, 64), (4, 8), (3,)
-    ):
-        if block_n > c or block_k > c or block_m * block_n > 256 * 128:
-            continue
-        cfg = (block_m, block_n, block_k, warps, stages)
-        if cfg == current:
-            continue
-        try:
-            diff = float((launch(cfg).float() - reference.float()).abs().max())
-            ms = bench(lambda cfg=cfg: launch(cfg), reps)
-        except Exception as exc:  # out of shared memory / registers for this tile
-            results.append({"cfg": cfg, "error": repr(exc)[:120]})
-            continue
-        results.append({"cfg": cfg, "ms": ms, "gb_s": gbytes / ms * 1e3, "max_diff": diff})
-    ok_rows = [r for r in results if "ms" in r]
-    best = min(ok_rows, key=lambda r: r["ms"])
-    mine = next(r for r in ok_rows if r["cfg"] == current)
-    return {"kernel": "residual", "channels": c, "rows": rows, "current": mine, "best": best,
-            "top5": sorted(ok_rows, key=lambda r: r["ms"])[:5], "tried": len(results),
-            "results": ok_rows}  # fmt: skip
+    configs = [
+        cfg
+        for cfg in itertools.product((64, 128, 256), (64, 128, 256), (32, 64), (4, 8), (3,))
+        if cfg[1] <= c and cfg[2] <= c and cfg[0] * cfg[1] <= 256 * 128
+    ]
+    gbytes = 3 * h.numel() * h.element_size() / 1e9  # read h and x, write out
+    found = sweep(launch, ok.RESIDUAL_TILES[c], configs, gbytes, reps)
+    return {"kernel": "residual", "channels": c, "rows": rows, **found}
 
 
 def snake_sweep(c: int, t: int, reps: int) -> dict[str, Any]:
@@ -121,24 +136,11 @@ def snake_sweep(c: int, t: int, reps: int) -> dict[str, Any]:
         )  # fmt: skip
         return out
 
+    configs = list(itertools.product((2048, 4096, 8192, 16384, 32768), (2, 4, 8, 16)))
+    gbytes = 2 * x.numel() * x.element_size() / 1e9  # read x, write out
     current = ok.SNAKE_NWC_CONFIGS.get(width, ok.SNAKE_NWC_CONFIG)
-    reference = launch(current)
-    gbytes = 2 * x.numel() * x.element_size() / 1e9
-    results = []
-    for cfg in itertools.product((2048, 4096, 8192, 16384, 32768), (2, 4, 8, 16)):
-        try:
-            diff = float((launch(cfg).float() - reference.float()).abs().max())
-            ms = bench(lambda cfg=cfg: launch(cfg), reps)
-        except Exception as exc:
-            results.append({"cfg": cfg, "error": repr(exc)[:120]})
-            continue
-        results.append({"cfg": cfg, "ms": ms, "gb_s": gbytes / ms * 1e3, "max_diff": diff})
-    ok_rows = [r for r in results if "ms" in r]
-    best = min(ok_rows, key=lambda r: r["ms"])
-    mine = next(r for r in ok_rows if r["cfg"] == tuple(current))
-    return {"kernel": "snake_nwc", "channels": c, "rows": rows, "current": mine, "best": best,
-            "top5": sorted(ok_rows, key=lambda r: r["ms"])[:5], "tried": len(results),
-            "results": ok_rows}  # fmt: skip
+    found = sweep(launch, current, configs, gbytes, reps)
+    return {"kernel": "snake_nwc", "channels": c, "rows": rows, **found}
 
 
 def main() -> None:

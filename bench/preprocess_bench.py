@@ -83,9 +83,8 @@ def apply_kernel_sweep(path: str) -> dict[str, list[int]]:
                 totals.setdefault(tuple(row["cfg"]), []).append(row["ms"])
         full = {cfg: sum(ms) for cfg, ms in totals.items() if len(ms) == len(shapes)}
         best = min(full, key=full.__getitem__)
-        table = oobleck_kernels.RESIDUAL_TILES if kernel == "residual" else None
-        if table is None:
-            table = oobleck_kernels.SNAKE_NWC_CONFIGS
+        residual = kernel == "residual"
+        table = oobleck_kernels.RESIDUAL_TILES if residual else oobleck_kernels.SNAKE_NWC_CONFIGS
         table[channels] = best
         chosen[f"{kernel}_{channels}"] = list(best)
     return chosen
@@ -318,6 +317,16 @@ def run_case(encoder, items, iters: int, weights: int) -> dict[str, Any]:
     }
 
 
+def comma_list(
+    parser: argparse.ArgumentParser, flag: str, value: str, allowed: tuple[str, ...]
+) -> list[str]:
+    """A swept flag's comma list, each item one of `allowed` (else the parser's error)."""
+    items = value.split(",")
+    if set(items) - set(allowed):
+        parser.error(f"{flag} takes {', '.join(allowed)} (comma list), not {value!r}")
+    return items
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--songs", type=int, default=8, help="songs per encoder batch")
@@ -405,18 +414,10 @@ def main() -> None:
     unknown = set(args.vae_paths.split(",")) - set(VAE_PATHS)
     if unknown:
         parser.error(f"unknown --vae-paths {sorted(unknown)}")
-    releases = args.release_cache.split(",")
-    if set(releases) - {"auto", "on", "off"}:
-        parser.error(f"--release-cache takes auto, on and/or off, not {args.release_cache!r}")
-    uploads = args.staged_upload.split(",")
-    if set(uploads) - {"on", "off"}:
-        parser.error(f"--staged-upload takes on and/or off, not {args.staged_upload!r}")
-    sines = args.snake_sin.split(",")
-    if set(sines) - {"fast", "accurate"}:
-        parser.error(f"--snake-sin takes fast and/or accurate, not {args.snake_sin!r}")
-    code_passes = args.codes_pass.split(",")
-    if set(code_passes) - {"off", "tf32", "bf16"}:
-        parser.error(f"--codes-pass takes off, tf32 and/or bf16, not {args.codes_pass!r}")
+    releases = comma_list(parser, "--release-cache", args.release_cache, ("auto", "on", "off"))
+    uploads = comma_list(parser, "--staged-upload", args.staged_upload, ("on", "off"))
+    sines = comma_list(parser, "--snake-sin", args.snake_sin, ("fast", "accurate"))
+    code_passes = comma_list(parser, "--codes-pass", args.codes_pass, ("off", "tf32", "bf16"))
     if not args.codes_margin >= 0:
         parser.error(f"--codes-margin must be >= 0, not {args.codes_margin}")
     try:

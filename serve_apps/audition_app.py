@@ -52,7 +52,9 @@ class AuditionAppConfig(BaseModel):
     lm: str | None = None  # LM folder name; default: the first usable
     dit: str | None = None  # DiT folder for the detokenizer and DiT audition; default: a turbo
     enable_dit: bool = True
-    decode_mode: str = "auto"  # auto (CUDA graphs on CUDA, eager on CPU) | eager | static | graph
+    # auto (CUDA graphs on CUDA, eager on CPU) | compiled | eager | static | graph; the shipped
+    # YAML and `audition serve` ask for compiled (static off CUDA, falling back to graph)
+    decode_mode: str = "auto"
     # auto: adapters fold into a copy of the weights they adapt when decoding is captured
     # (graph/compiled), for the base's step speed and its compiled code; on | off
     merge_adapters: str = "auto"

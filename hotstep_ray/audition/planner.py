@@ -23,7 +23,7 @@ at the request's scale and its layers unwrapped. That model has the base's modul
 the base's compiled step code serves it (no compile on an adapter's first request) and a step
 runs no adapter GEMMs (1.7B, LoRA r16 on every projection, compiled, H200: 164.5 codes/s unmerged
 against 276.4 for the base). Its cost: the adapted weights once more per adapter kept (LoRA on
-every projection of the 1.7B: ~2.6 GiB), and its codes differ from the unmerged forward's by
+every projection of the 1.7B: ~2.9 GiB, docs/BENCHMARKS.md), and its codes differ from the unmerged forward's by
 the rounding of W + ΔW.
 """
 
@@ -140,7 +140,8 @@ class AdapterCache(Generic[T]):
 
 @dataclass
 class LoadedLm:
-    """The base LM or one adapter on a shared copy, with its step engines (per row count)."""
+    """The base LM or one adapter on a shared copy, with its step engines (per row count) and,
+    with merged adapters, its merged copy."""
 
     name: str  # "" = base
     model: torch.nn.Module
@@ -479,7 +480,8 @@ class PlannerLM:
         return True
 
     def _use(self, request: LmRequest, adapter: LoadedLm | None) -> tuple[LoadedLm, float]:
-        """The model a request runs on and its adapter scale (set on the adapter's layers)."""
+        """The model a request runs on and its adapter scale: the adapter's merged copy at that
+        scale (merge_adapters on), else the adapter with the scale set on its layers."""
         loaded = adapter or self.base
         scale = request.lm_adapter_scale if adapter else 1.0
         if adapter is not None and self.merge_adapters:
@@ -495,9 +497,14 @@ class PlannerLM:
 
     def _merged(self, adapter: LoadedLm, scale: float) -> LoadedLm:
         """`adapter` merged at `scale`, built on first use. At most `MAX_MERGED` adapters keep a
-        merged copy (the least recently used gives its copy up), so memory stays bounded by
-        what an A/B of two adapters needs whatever the adapter cache holds."""
+        merged copy (the least recently used gives its copy up before a new one is built), so
+        memory stays bounded by what an A/B of two adapters needs whatever the adapter cache
+        holds (an adapter object the cache has since dropped still counts towards the bound)."""
         key = id(adapter)
+        self._merged_lru.pop(key, None)
+        while len(self._merged_lru) >= MAX_MERGED:  # room first, then the new copy
+            _, oldest = self._merged_lru.popitem(last=False)
+            oldest.merged = None
         if adapter.merged is None or adapter.merged.scale != scale:
             adapter.merged = None  # the old copy's memory first
             adapter.merged = LoadedLm(
@@ -508,10 +515,6 @@ class PlannerLM:
                 scale=scale,
             )
         self._merged_lru[key] = adapter
-        self._merged_lru.move_to_end(key)
-        while len(self._merged_lru) > MAX_MERGED:
-            _, oldest = self._merged_lru.popitem(last=False)
-            oldest.merged = None
         return adapter.merged
 
     def _prepare(self, request: LmRequest, loaded: LoadedLm, scale: float) -> _Job:

@@ -132,7 +132,8 @@ def window_brackets(
 class FastCodes:
     indices: torch.Tensor  # [B, T5, 1] int32, as `tokenize_latents(...).indices`
     windows: int  # B * T5
-    rechecked: int  # windows recomputed in float32 (all of them when the fast pass is skipped)
+    # windows recomputed in float32: 0 for mode "off", all of them for residual quantizers
+    rechecked: int
 
 
 @torch.no_grad()  # integer codes: nothing to differentiate

@@ -632,9 +632,9 @@ class ShapeGraphs:
         torch.cuda.current_stream(x.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         # "thread_local": only this thread's unsafe CUDA calls break the capture. Another
-        # thread may be running its own kernels meanwhile (the preprocessing encoder's
-        # conditions beside the VAE; a replica's other requests), which "global" would turn
-        # into a failed capture, and a failed shape runs eagerly from then on.
+        # thread may be running its own kernels meanwhile (a Serve replica's other requests,
+        # on its worker threads), which "global" would turn into a failed capture, and a
+        # failed shape runs eagerly from then on.
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             static_out = self.fn(static_in)
         if self._pool is None:

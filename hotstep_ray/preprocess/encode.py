@@ -76,8 +76,6 @@ __all__ = [
     "memory_cap_fraction",
     "release_cached_blocks",
     "repeat_frames",
-    "to_host",
-    "wait_for_host",
 ]
 
 
@@ -232,8 +230,8 @@ class Encoder:
         call holds two such songs). Rows never mix:
         the tokenizer pools each 5-frame window of each row on its own.
 
-        `fast_pass`: None = the settings' choice, else "off" | "tf32" | "bf16" (the bench's
-        float32 reference). Counts land in `last_codes_stats`."""
+        `fast_pass`: None = the settings' choice, else "auto" | "off" | "tf32" | "bf16" ("off":
+        the bench's float32 reference). Counts land in `last_codes_stats`."""
         mode = (
             self.codes_fast_pass if fast_pass is None else resolve_fast_pass(fast_pass, self.device)
         )

@@ -99,12 +99,16 @@ ALLOC_ENV = "PYTORCH_CUDA_ALLOC_CONF"
 ENCODER_ALLOC_CONF = "expandable_segments:True"
 
 
+# The allocator's configuration variables, in the order torch reads them (the second is the
+# newer, device-neutral name, used when the first is unset).
+ALLOC_ENVS = (ALLOC_ENV, "PYTORCH_ALLOC_CONF")
+
+
 def expandable_segments_active(environ: Mapping[str, str] | None = None) -> bool:
     """Whether the CUDA caching allocator of this process runs expandable segments, as set by
-    its configuration variable (torch reads it when CUDA starts; `PYTORCH_ALLOC_CONF` is the
-    newer, device-neutral name)."""
+    its configuration variables (torch reads them when CUDA starts)."""
     environ = os.environ if environ is None else environ
-    for name in (ALLOC_ENV, "PYTORCH_ALLOC_CONF"):
+    for name in ALLOC_ENVS:
         for entry in environ.get(name, "").split(","):
             key, _, value = entry.partition(":")
             if key.strip() == "expandable_segments":
@@ -120,8 +124,10 @@ def resolve_release(setting: bool | None, environ: Mapping[str, str] | None = No
 
 def allocator_env() -> dict[str, str]:
     """The environment an encoder process starts with (read by torch at CUDA start): ours,
-    unless the user set their own allocator configuration."""
-    return {} if ALLOC_ENV in os.environ else {ALLOC_ENV: ENCODER_ALLOC_CONF}
+    unless the user set their own allocator configuration under either name."""
+    if any(name in os.environ for name in ALLOC_ENVS):
+        return {}
+    return {ALLOC_ENV: ENCODER_ALLOC_CONF}
 
 
 def noise_seed(seed: int, sample_id: str) -> int:

@@ -189,8 +189,8 @@ def lokr_alpha(shape: LokrShape, spec: AdapterSpec) -> float:
 # Measured (H200, 2B, LoKR 512, 6000 frames, batch 2, CUDA graphs; bench/dit_bench.py
 # --kron-mix; docs/BENCHMARKS.md, eighth device run): gemm 275.7 ms per step, ordered 214.2,
 # ordered with the "bmm" w1 gradient (KRON_W1_GRAD) 202.0. On the CPU the GEMM mix is the
-# faster (tiny DiT layer, 2 cores: 285 vs 352 us per forward + backward), so "auto" picks
-# "ordered" for CUDA tensors and "gemm" otherwise.
+# faster (a tiny DiT layer on 2 cores: 285 vs 352 us per forward + backward, same section), so
+# "auto" picks "ordered" for CUDA tensors and "gemm" otherwise.
 KRON_MIX = "auto"
 KRON_MIXES = ("gemm", "pointwise", "ordered")  # the concrete mixes; KRON_MIX may also be "auto"
 
@@ -234,8 +234,9 @@ def mix_rows(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 class KronMix(torch.autograd.Function):
-    """`mix_rows(h, w1)` with a backward that stays pointwise for h and is one GEMM for w1
-    (dw1[i, j] = Σ over every token and column of dy[.., i, :] · h[.., j, :]: K = tokens·b)."""
+    """`mix_rows(h, w1)` with a backward that stays pointwise for h; the w1 gradient
+    (dw1[i, j] = Σ over every token and column of dy[.., i, :] · h[.., j, :]) as `KRON_W1_GRAD`
+    says: a batched GEMM per token then a sum, or one GEMM with K = tokens·b."""
 
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor, w1: torch.Tensor) -> torch.Tensor:

@@ -602,8 +602,12 @@ def prepare_window(run: DitRun, window: list[tuple[int, ...]], step: int) -> Pre
     draws = draw_window(run, window, step)
     host = []
     for group in fold_groups(len(window), run.fold):
-        batch = dit_data.assemble(run.cache, [c for i in group for c in draws.crops[i]], run.frames)
-        host.append(dit_data.pinned(batch) if run.device.type == "cuda" else batch)
+        crops = [c for i in group for c in draws.crops[i]]
+        # pinned on CUDA (torch's host cache reuses the blocks): its copy to the GPU does not
+        # wait for the stream to drain
+        host.append(
+            dit_data.assemble(run.cache, crops, run.frames, pin_memory=run.device.type == "cuda")
+        )
     return PreparedWindow(step, list(window), draws, host)
 
 

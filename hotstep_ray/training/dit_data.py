@@ -339,8 +339,10 @@ def assemble(
     frames: int,
     condition_len: int | None = None,
     dtype: torch.dtype = torch.float32,
+    pin_memory: bool = False,
 ) -> TrainBatch:
-    """Stack crops into one right-padded `TrainBatch` on the CPU.
+    """Stack crops into one right-padded `TrainBatch` on the CPU (`pin_memory`: in page-locked
+    memory, whose copy to the GPU is truly asynchronous; needs CUDA).
 
     Shapes: target [B, frames, 64], context [B, frames, 128], condition [B, L, H_enc] with
     L = `condition_len` (default: the cache's longest). Padding is zeros; `latent_mask` /
@@ -349,11 +351,12 @@ def assemble(
     """
     size, length = len(crops), condition_len or cache.condition_len
     width = cache.condition_dim
-    target = torch.zeros(size, frames, LATENT_CHANNELS, dtype=dtype)
-    context = torch.zeros(size, frames, 2 * LATENT_CHANNELS, dtype=dtype)
-    condition = torch.zeros(size, length, width, dtype=dtype)
-    frame_mask = torch.zeros(size, frames, dtype=torch.bool)
-    condition_mask = torch.zeros(size, length, dtype=torch.bool)
+    pin = {"pin_memory": pin_memory}
+    target = torch.zeros(size, frames, LATENT_CHANNELS, dtype=dtype, **pin)
+    context = torch.zeros(size, frames, 2 * LATENT_CHANNELS, dtype=dtype, **pin)
+    condition = torch.zeros(size, length, width, dtype=dtype, **pin)
+    frame_mask = torch.zeros(size, frames, dtype=torch.bool, **pin)
+    condition_mask = torch.zeros(size, length, dtype=torch.bool, **pin)
     for row, crop in enumerate(crops):
         song = cache.songs[crop.song]
         window = slice(crop.start, crop.start + crop.frames)
@@ -418,13 +421,6 @@ def _map(batch: TrainBatch, fn: Callable[[torch.Tensor], torch.Tensor]) -> Train
         latent_mask=apply(batch.latent_mask),
         encoder_attention_mask=apply(batch.encoder_attention_mask),
     )
-
-
-def pinned(batch: TrainBatch) -> TrainBatch:
-    """The batch in page-locked host memory (torch's host cache reuses the blocks): a copy to the
-    GPU from it is truly asynchronous, where one from pageable memory first waits for the
-    stream to drain."""
-    return _map(batch, lambda t: t.pin_memory())
 
 
 def batch_to(batch: TrainBatch, device: torch.device, non_blocking: bool = True) -> TrainBatch:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hotstep_ray.models.text_models import to_device
 from hotstep_ray.preprocess.encode import Encoder
 from hotstep_ray.preprocess.items import EncodeItem, EncoderSettings
 from hotstep_ray.preprocess.model_paths import resolve_models
@@ -97,9 +96,3 @@ def test_nan_latents_are_refused_after_the_conditions_and_before_the_codes(
     monkeypatch.setattr(encoder, "codes", codes)
     found, _, _, _ = encoder.encode_tensors(songs(), check_finite=False)
     assert bool(torch.isnan(found[1]).any())
-
-
-def test_cpu_tensors_reach_the_cpu_unchanged() -> None:
-    ids = torch.tensor([[5, 6, 7]])
-    moved = to_device(ids, torch.device("cpu"))
-    assert torch.equal(moved, ids) and moved.device.type == "cpu"

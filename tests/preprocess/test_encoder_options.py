@@ -42,3 +42,7 @@ def test_gpu_encoders_start_with_expandable_segments_unless_the_user_chose(monke
     assert encoder_remote_args(0) == {}  # CPU actors: nothing to configure
     monkeypatch.setenv(ALLOC_ENV, "max_split_size_mb:256")
     assert allocator_env() == {} and encoder_remote_args(1) == {}
+    # the newer, device-neutral name is the user's choice too (ours would override it)
+    monkeypatch.delenv(ALLOC_ENV)
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:256")
+    assert allocator_env() == {} and encoder_remote_args(1) == {}

@@ -106,8 +106,8 @@ def test_folded_micro_batches_train_as_the_accumulated_ones(
         patch.setattr(
             dit_data,
             "assemble",
-            lambda cache, crops, frames: (
-                shapes.append(len(crops)) or original(cache, crops, frames)
+            lambda cache, crops, frames, **kwargs: (
+                shapes.append(len(crops)) or original(cache, crops, frames, **kwargs)
             ),
         )
         dit.optimizer_step(folded, dit.epoch_windows(folded, 5)[0])
