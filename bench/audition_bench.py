@@ -74,7 +74,6 @@ VAE_CONFIGS: dict[str, dict[str, Any]] = {
     "fast-t1024": {**_FAST, "tile_frames": 1024},
     "fast-t512-b2": {**_FAST, "tile_frames": 512, "tile_batch": 2},
     "fast-nhwc-t1024": {**_FAST, "tile_frames": 1024, "fast_options": {"layout": "nhwc"}},
-    "fast-rows": {**_FAST, "fast_options": {"layout": "nhwc", "dilated_as_rows": True}},
 }
 # Old names of earlier runs, kept so their commands still work.
 VAE_CONFIGS["default"] = VAE_CONFIGS["old"]

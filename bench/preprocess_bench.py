@@ -16,7 +16,6 @@ same weights since the fast path prepares its VAE in place):
   old        plain diffusers modules (weight norm folded), as before
   fast       hotstep_ray.models.oobleck_fast: Triton Snake, CUDA graph per window-batch shape
   fast-nhwc  the same with channels-last 2-D convs;  fast-nographs, fast-compile likewise
-  fast-rows  fast-nhwc with the dilated convs as undilated ones over a view (`RowsConv`)
 Each fast case records the max |mean - old mean| of its first song's latents.
 
 Memory per case: the batch's allocated and reserved peaks, the reserved memory between batches
@@ -60,6 +59,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, no install
 
 from hotstep_ray.models import oobleck_kernels  # noqa: E402
+from hotstep_ray.preprocess import encode  # noqa: E402
 from hotstep_ray.preprocess.items import EncoderSettings  # noqa: E402
 
 SWITCH = {"auto": None, "on": True, "off": False}  # --release-cache values
@@ -120,7 +120,6 @@ VAE_PATHS: dict[str, dict[str, Any] | None] = {
     "fast-nofuse": {"fuse_residual": False},
     "fast-torchsnake": {"snake": "torch"},
     "fast-compile": {"compile": True},
-    "fast-rows": {"layout": "nhwc", "dilated_as_rows": True},
 }
 
 
@@ -378,6 +377,12 @@ def main() -> None:
         help="FSQ level units: windows this close to a floor boundary are rechecked in float32",
     )
     parser.add_argument(
+        "--codes-frames-per-call",
+        type=int,
+        default=encode.CODES_FRAMES_PER_CALL,  # the product default
+        help="latent frames per audio-tokenizer call (its activations set the codes' peak)",
+    )
+    parser.add_argument(
         "--memory-cap-gib",
         default="0",
         help="comma list to sweep: the encoder's per-process CUDA allocator cap (0 = none)",
@@ -420,6 +425,9 @@ def main() -> None:
     code_passes = comma_list(parser, "--codes-pass", args.codes_pass, ("off", "tf32", "bf16"))
     if not args.codes_margin >= 0:
         parser.error(f"--codes-margin must be >= 0, not {args.codes_margin}")
+    if args.codes_frames_per_call < 1:
+        parser.error(f"--codes-frames-per-call must be >= 1, not {args.codes_frames_per_call}")
+    encode.CODES_FRAMES_PER_CALL = args.codes_frames_per_call
     try:
         caps = [float(cap) for cap in args.memory_cap_gib.split(",")]
     except ValueError:
@@ -482,6 +490,7 @@ def main() -> None:
         "cudnn_benchmark_limit": torch.backends.cudnn.benchmark_limit,
         "codes_pass": args.codes_pass,  # the swept list
         "codes_margin": args.codes_margin,
+        "codes_frames_per_call": args.codes_frames_per_call,
         "memory_cap_gib": args.memory_cap_gib,  # the swept list
         "caption_tokens": len(tokenizer(items[0].caption_prompt)["input_ids"]),
         "lyric_tokens": len(tokenizer(items[0].lyric_prompt)["input_ids"]),

@@ -34,7 +34,6 @@ from collections.abc import Callable
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
 from hotstep_ray.models.oobleck_kernels import (
@@ -75,11 +74,6 @@ class OobleckFastOptions(BaseModel):
     # nhwc only: each residual unit's 1x1 conv + bias + residual add as one GEMM (on CUDA in
     # half precision one Triton kernel that also runs the Snake before it); see FastResidualUnit
     fuse_residual: bool = True
-    # nhwc + fuse_residual: each residual unit's dilated kernel-7 conv (dilation 3 or 9) as an
-    # undilated conv over a view of the same memory (`RowsConv`). cuDNN ran some of the VAE's
-    # convs on sm80 kernels on an H200; whether this view gets faster ones is measured, not
-    # assumed (bench/preprocess_bench.py --vae-paths fast-rows), so it is off until then.
-    dilated_as_rows: bool = False
 
 
 # ----------------------------------------------------------------------------- weight norm
@@ -384,65 +378,6 @@ class FastResidualUnit(torch.nn.Module):
         return y.add_(x)
 
 
-class RowsConv(torch.nn.Module):
-    """A stride-1, length-keeping Conv2d with kernel (1, k) and dilation (1, d) over channels-last
-    [B, C, 1, T], run as the undilated kernel (k, 1) over the view [B, C, T / d, d] of the same
-    memory: channels-last stores sample t = h * d + w at row h, column w, so column w holds one
-    of the d interleaved sequences the dilated conv reads, and (k - 1) / 2 rows of zero padding
-    are its (k - 1) * d / 2 samples. No copy either way. A length T that d does not divide (or
-    other strides) runs the dilated conv itself, from the same weight."""
-
-    def __init__(self, conv: torch.nn.Conv2d) -> None:
-        super().__init__()
-        k, d = conv.kernel_size[1], conv.dilation[1]
-        if not rows_convertible(conv):
-            raise ValueError(f"{conv}: expected a stride-1 'same' (1, k) conv with dilation > 1")
-        self.dilation, self.padding = d, conv.padding[1]
-        # [out, in, k, 1] channels-last; its (2, 3) transpose is the dilated conv's weight
-        weight = conv.weight.detach().transpose(2, 3)
-        self.register_buffer("weight", weight.contiguous(memory_format=torch.channels_last))
-        bias = None if conv.bias is None else conv.bias.detach().clone()
-        self.register_buffer("bias", bias)
-        self.groups, self.half = conv.groups, (k - 1) // 2
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, channels, height, length = x.shape
-        d = self.dilation
-        if height != 1 or length % d or not x.is_contiguous(memory_format=torch.channels_last):
-            weight = self.weight.transpose(2, 3)  # [out, in, 1, k]
-            return F.conv2d(
-                x, weight, self.bias, padding=(0, self.padding), dilation=(1, d), groups=self.groups
-            )
-        rows = x.view(batch, channels, length // d, d)
-        y = F.conv2d(rows, self.weight, self.bias, padding=(self.half, 0), groups=self.groups)
-        return y.view(batch, y.shape[1], 1, length)
-
-
-def rows_convertible(conv: torch.nn.Module) -> bool:
-    """Whether `RowsConv` takes this conv: a Conv2d (1, k) (k odd), stride 1, dilation > 1,
-    padding that keeps the length, zero padding."""
-    if type(conv) is not torch.nn.Conv2d or conv.padding_mode != "zeros":
-        return False
-    (kh, k), (dh, d) = conv.kernel_size, conv.dilation
-    return (
-        kh == 1
-        and dh == 1
-        and k % 2 == 1
-        and d > 1
-        and conv.stride == (1, 1)
-        and conv.padding == (0, (k - 1) * d // 2)
-    )
-
-
-def convert_dilated(module: torch.nn.Module) -> int:
-    """Swap the dilated conv1 of every FastResidualUnit under `module` for a `RowsConv`.
-    Returns how many RowsConvs `module` holds afterwards."""
-    for unit in module.modules():
-        if isinstance(unit, FastResidualUnit) and rows_convertible(unit.conv1):
-            unit.conv1 = RowsConv(unit.conv1)
-    return sum(isinstance(m, RowsConv) for m in module.modules())
-
-
 def fuse_residuals(module: torch.nn.Module, impl: str) -> int:
     """Replace every diffusers OobleckResidualUnit under `module` by a FastResidualUnit (needs
     the nhwc conversion first) and set `impl` on those already replaced. Returns how many
@@ -706,12 +641,9 @@ class FastOobleck:
             for wrapper in (vae.decoder, vae.encoder):
                 fuse_residuals(wrapper, impl)
                 fold_conv_biases(wrapper.inner)
-                if options.dilated_as_rows:
-                    convert_dilated(wrapper)
         # what the VAE holds (an already prepared VAE keeps its fused units)
         self.residuals = sum(isinstance(m, FastResidualUnit) for m in vae.modules())
         self.biases_moved = count_folded_biases(vae)
-        self.rows_convs = sum(isinstance(m, RowsConv) for m in vae.modules())
         decode: Callable = vae.decoder
         encode: Callable = vae.encoder
         if options.compile:
@@ -740,7 +672,6 @@ class FastOobleck:
             "residual_impl": self.residual_impl,  # "triton" | "torch" | None (not fused)
             # conv biases added by the Snake / residual unit after the conv instead of a pass
             "conv_biases_folded": self.biases_moved,
-            "dilated_as_rows": self.rows_convs,  # RowsConvs (diffusers: 20 dilated, of 30)
         }
 
     @torch.no_grad()

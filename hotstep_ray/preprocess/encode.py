@@ -65,7 +65,10 @@ from hotstep_ray.preprocess.items import (
 from hotstep_ray.preprocess.model_paths import ModelPaths
 from hotstep_ray.preprocess.vae_tiles import encode_moments
 
-CODES_FRAMES_PER_CALL = 12_000  # latent frames per audio-tokenizer call (two 240 s songs)
+# Latent frames per audio-tokenizer call: one 240 s song. Its pass-1 activations set the encoder's
+# memory peak (H200, 8 x 240 s from pageable memory: two songs per call 2027 audio-s per GPU-s
+# at 8.10 GiB reserved, one song 2014 at 7.16 GiB; docs/BENCHMARKS.md).
+CODES_FRAMES_PER_CALL = 6_000
 TIMBRE_FRAMES = 750  # 30 s of 25 Hz frames: the reference-audio length inference uses
 
 
@@ -225,10 +228,8 @@ class Encoder:
     ) -> list[torch.Tensor]:
         """[T, 64] latents per song -> [ceil(T / 5)] int64 FSQ indices per song (the float32
         tokenizer's codes, silence-padded). Songs of equal length share a tokenizer call, up to
-        `CODES_FRAMES_PER_CALL` frames (docs/BENCHMARKS.md, H200, 8 x 240 s: codes 301-304 ms
-        one song per call, 260 ms all 8 in one call, but peak memory rose 3.8 -> 8.8 GiB, so a
-        call holds two such songs). Rows never mix:
-        the tokenizer pools each 5-frame window of each row on its own.
+        `CODES_FRAMES_PER_CALL` frames (fewer, larger calls are a little faster but peak
+        higher). Rows never mix: the tokenizer pools each 5-frame window of each row on its own.
 
         `fast_pass`: None = the settings' choice, else "auto" | "off" | "tf32" | "bf16" ("off":
         the bench's float32 reference). Counts land in `last_codes_stats`."""

@@ -58,9 +58,10 @@ class EncoderSettings:
     release_cache_between_stages: bool | None = None
     # CUDA: each song crosses to the GPU just before its first VAE window, converted to the VAE
     # dtype by the CPU into pinned memory and copied on a side stream, so the next song's copy
-    # runs while the GPU encodes (`vae_tiles.SongUploads`). Off until measured: the GPU bench
-    # (`bench/preprocess_bench.py --staged-upload on,off --pageable-audio`) decides.
-    staged_upload: bool = False
+    # runs while the GPU encodes (`vae_tiles.SongUploads`). An encoder actor gets its songs from
+    # Ray Data in pageable memory, whose plain copies wait for the GPU to go idle (H200,
+    # 8 x 240 s from pageable memory: off 1909 audio-s per GPU-s, on 1991; docs/BENCHMARKS.md).
+    staged_upload: bool = True
     # 5 Hz codes (`hotstep_ray.models.fsq_fast`): pass 1 in reduced precision, then the windows
     # near an FSQ floor boundary recomputed in float32, so the codes stay the float32 ones.
     # "auto" = "tf32" on CUDA, "off" elsewhere; "off" | "tf32" (CUDA only) | "bf16".

@@ -215,8 +215,10 @@ KRON_W1_GRADS = ("gemm", "bmm")
 # and autocast then casts the mix's output back for the w2 GEMM; "autocast" runs the mix and
 # the GEMM on autocast-dtype activations with the factors cast to it (the rounding the GEMM
 # path already had). Gradients still reach the float32 masters. Without autocast both are
-# "master". Which is faster is measured, not assumed (bench/dit_bench.py --kron-compute).
-KRON_COMPUTE = "master"
+# "master". H200, 2B LoKR 512 at 6000 frames, batch 2, CUDA graphs: "master" 202.35 ms per
+# step at 27.08 GiB reserved, "autocast" 197.89 ms at 26.15 GiB (bench/dit_bench.py
+# --kron-compute; docs/BENCHMARKS.md).
+KRON_COMPUTE = "autocast"
 KRON_COMPUTES = ("master", "autocast")
 
 

@@ -10,12 +10,10 @@ from hotstep_ray.models.oobleck_fast import (
     FastResidualUnit,
     FastSnake1d,
     OobleckFastOptions,
-    RowsConv,
     ShapeGraphs,
     convs_to_2d,
     fold_weight_norm,
     resolve_snake,
-    rows_convertible,
     swap_snakes,
     weight_norm_folded,
     weight_norm_left,
@@ -296,48 +294,3 @@ def test_weight_norm_count_survives_an_earlier_fold(fresh_vae):
     fast = FastOobleck(vae, OobleckFastOptions(layout="ncw"))
     assert fast.describe()["weight_norm_folded"] == first == weight_norm_folded(vae)
     assert fast.describe()["weight_norm_left"] == 0
-
-
-@pytest.mark.parametrize("dilation", [3, 9])
-def test_rows_conv_is_the_dilated_conv_on_a_view(dilation):
-    """float64: the undilated (k, 1) conv over [B, C, T / d, d] gives the dilated (1, k) conv's
-    output, with and without bias; a length d does not divide, or an NCW input, takes the dilated
-    conv itself from the same weight."""
-    torch.manual_seed(dilation)
-    for bias in (True, False):
-        conv = torch.nn.Conv2d(
-            6, 5, (1, 7), padding=(0, 3 * dilation), dilation=(1, dilation), bias=bias
-        ).double()
-        rows = RowsConv(conv)
-        for length in (dilation * 11, dilation * 11 + 2):
-            x = torch.randn(2, 6, 1, length, dtype=torch.float64)
-            for layout in (torch.channels_last, torch.contiguous_format):
-                got = rows(x.contiguous(memory_format=layout))
-                torch.testing.assert_close(got, conv(x), rtol=1e-12, atol=1e-12)
-                assert got.shape == (2, 5, 1, length)
-            assert rows(x.contiguous(memory_format=torch.channels_last)).is_contiguous(
-                memory_format=torch.channels_last
-            )
-    assert not rows_convertible(torch.nn.Conv2d(4, 4, (1, 7), padding=(0, 3)))  # dilation 1
-    assert not rows_convertible(torch.nn.Conv2d(4, 4, (1, 7), dilation=(1, 3)))  # shortens T
-    with pytest.raises(ValueError, match="same"):
-        RowsConv(torch.nn.Conv2d(4, 4, (1, 7), stride=(1, 2), padding=(0, 9), dilation=(1, 3)))
-
-
-def test_dilated_as_rows_keeps_the_vae_outputs(tiny_vae, fresh_vae):
-    plain = FastOobleck(fresh_vae(), OobleckFastOptions(snake="torch"))
-    assert plain.describe()["dilated_as_rows"] == 0  # off by default
-    fast = FastOobleck(fresh_vae(), OobleckFastOptions(snake="torch", dilated_as_rows=True))
-    assert fast.describe()["dilated_as_rows"] == 20  # dilations 3 and 9 of each block's units
-    seen: list[bool] = []  # per RowsConv call: did the view path run (d divides T)?
-    for module in fast.vae.modules():
-        if isinstance(module, RowsConv):
-            module.register_forward_hook(
-                lambda m, args, out: seen.append(args[0].shape[-1] % m.dilation == 0)
-            )
-    z = _latents(5, seed=6)
-    audio = 0.3 * torch.randn(2, 2, 9 * 1920, generator=torch.Generator().manual_seed(7))
-    with torch.no_grad():
-        assert _relative_error(fast.decode(z), tiny_vae.decoder(z)) < 1e-5
-        assert _relative_error(fast.encode(audio), tiny_vae.encoder(audio)) < 1e-5
-    assert len(seen) == 20 and 10 <= sum(seen) < 20  # each RowsConv once; both paths ran

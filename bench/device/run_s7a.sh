@@ -1,5 +1,5 @@
 #!/bin/bash
-# What session 6 left unmeasured, in priority order. One `run`, carry [".device_wheels"],
+# Session 7, first call (planned in session 6 as next_run.sh), in priority order. One `run`, carry [".device_wheels"],
 # ~8.5 min (issue 5 only); JSON and logs land in $OUT.
 #   1. issue 5: where the preprocessing batch's GPU idles. At the defaults a batch takes
 #      979-1009 ms for ~880 ms of stage GPU work (VAE 739, codes 123, conditions ~20): the
