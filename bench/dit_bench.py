@@ -103,6 +103,12 @@ def parse_args() -> argparse.Namespace:
         help="LoKR activations under autocast: float32 masters' dtype or the autocast dtype",
     )
     parser.add_argument(
+        "--kron-forward",
+        default=adapters.KRON_FORWARD,
+        choices=adapters.KRON_FORWARDS,
+        help="LoKR: the factored path beside the base Linear, or one Linear on W + ΔW",
+    )
+    parser.add_argument(
         "--kron-w1-grad",
         default=adapters.KRON_W1_GRAD,
         choices=adapters.KRON_W1_GRADS,
@@ -534,6 +540,7 @@ def main() -> int:
     adapters.KRON_MIX = args.kron_mix  # before any LoKR forward (and before compiling)
     adapters.KRON_W1_GRAD = args.kron_w1_grad
     adapters.KRON_COMPUTE = args.kron_compute
+    adapters.KRON_FORWARD = args.kron_forward
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     started = time.time()

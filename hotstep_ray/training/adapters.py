@@ -17,8 +17,9 @@ ACE-Step and reproduces the same ΔW:
 - alpha: LyCORIS forces alpha = dim (scale 1) when both factors are full matrices; we pass that
   per module through peft's `alpha_pattern`, so the live scale and the exported `.alpha` agree.
 - init: LyCORIS's (`w1` Kaiming, `w2` / `w2_b` zero), so an untrained adapter is exactly zero.
-- forward: `KronLinear` applies `x @ (w1 ⊗ w2)ᵀ` as two small GEMMs instead of peft's
-  materialised `[out, in]` Kronecker product (≈5× fewer FLOPs at the DiT's `w1 [5, 5]`).
+- forward: `KronLinear` runs one Linear on `W + scale · (w1 ⊗ w2)` with a backward that gives
+  only the factors' gradients (`MergedKron`, `KRON_FORWARD`), or, where that does not apply,
+  `x @ (w1 ⊗ w2)ᵀ` as two small GEMMs beside the base Linear (`kron_linear`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from peft.tuners.lora import LoraLayer
 from peft.tuners.tuners_utils import BaseTunerLayer
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
+from torch.nn import functional as F
 
 from hotstep_ray.core.errors import InputError
 
@@ -220,6 +222,19 @@ KRON_W1_GRADS = ("gemm", "bmm")
 # --kron-compute; docs/BENCHMARKS.md).
 KRON_COMPUTE = "autocast"
 KRON_COMPUTES = ("master", "autocast")
+# How `KronLinear` runs a trained LoKR: "factored" adds `kron_linear`'s output to the base
+# Linear's; "merged" runs one Linear with `W + scale · (w1 ⊗ w2)`, built per call (`MergedKron`).
+# Per adapted Linear, in base-GEMM units: factored = forward 1 + 1/a' (the w2 GEMM on the c or a
+# row blocks, a' = the larger of a, c) plus a mix pass, backward 1 (dx) + 2/a' plus mix passes;
+# merged = forward 1, backward 1 (dx through the merged weight) + 2/a' (w2's gradient, and the
+# GEMM w1's gradient reduces) plus one mix pass. The weight-sized build costs a pass over W.
+# H200, 2B LoKR 512 at 6000 frames, batch 2, CUDA graphs, bf16: factored 197.89 ms per step at
+# 26.15 GiB reserved, merged 170.99 ms at 20.88 GiB (LoRA r64: 155.57 ms, 20.34 GiB); bench/
+# dit_bench.py --kron-forward, docs/BENCHMARKS.md. Merged rounds W + ΔW to bf16 in the forward
+# where factored rounds the two outputs' sum; a bf16 toy fit stays as close to float32 either way
+# (tests/training/test_kron_merged.py).
+KRON_FORWARD = "merged"
+KRON_FORWARDS = ("factored", "merged")
 
 
 def mix_rows(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -250,18 +265,69 @@ class KronMix(torch.autograd.Function):
         h, w1 = ctx.saved_tensors
         a, c = w1.shape
         dh = mix_rows(dy, w1.t()) if ctx.needs_input_grad[0] else None
-        dw1 = None
-        if ctx.needs_input_grad[1]:
-            b = h.shape[-1]
-            if KRON_W1_GRAD == "bmm":  # per token [a, b] @ [b, c], then the sum over tokens
-                per_token = torch.bmm(dy.reshape(-1, a, b), h.reshape(-1, c, b).transpose(1, 2))
-                wide = torch.promote_types(per_token.dtype, torch.float32)  # fp64 stays fp64
-                dw1 = per_token.sum(0, dtype=wide).to(w1.dtype)
-            else:
-                dy_rows = dy.reshape(-1, a, b).transpose(0, 1).reshape(a, -1)  # [a, tokens·b]
-                h_rows = h.reshape(-1, c, b).transpose(0, 1).reshape(c, -1)  # [c, tokens·b]
-                dw1 = (dy_rows @ h_rows.t()).to(w1.dtype)
+        dw1 = w1_grad(dy, h, a, c).to(w1.dtype) if ctx.needs_input_grad[1] else None
         return dh, dw1
+
+
+def w1_grad(dy: torch.Tensor, h: torch.Tensor, a: int, c: int) -> torch.Tensor:
+    """`[a, c]`: Σ over every token and column of dy[.., i, :] · h[.., j, :], for dy viewed
+    `[tokens, a, b]` and h `[tokens, c, b]`, computed as `KRON_W1_GRAD` says."""
+    b = h.shape[-1]
+    if KRON_W1_GRAD == "bmm":  # per token [a, b] @ [b, c], then the sum over tokens
+        per_token = torch.bmm(dy.reshape(-1, a, b), h.reshape(-1, c, b).transpose(1, 2))
+        wide = torch.promote_types(per_token.dtype, torch.float32)  # fp64 stays fp64
+        return per_token.sum(0, dtype=wide)
+    dy_rows = dy.reshape(-1, a, b).transpose(0, 1).reshape(a, -1)  # [a, tokens·b]
+    h_rows = h.reshape(-1, c, b).transpose(0, 1).reshape(c, -1)  # [c, tokens·b]
+    return dy_rows @ h_rows.t()
+
+
+class MergedKron(torch.autograd.Function):
+    """`F.linear(x, weight + scale · (w1 ⊗ w2), bias)` for a frozen `weight` `[a·b, c·d]`, with
+    w1 `[a, c]`, w2 `[b, d]`, all in one dtype. Gradients for x, bias, w1 and w2; the merged
+    weight is rebuilt in the backward instead of kept (a weight-sized tensor per Linear).
+
+    With dy viewed `[tokens, a, b]` and x `[tokens, c, d]`: dx = dy · W'; dw2 = scale ·
+    Σ_t M_tᵀ x_t for M = the w1ᵀ mix of dy `[tokens, c, b]`; dw1[i, j] = scale · Σ over tokens
+    and columns of dy_i · (x_j w2ᵀ), or of (dy_i w2) · x_j when a < c (the smaller GEMM)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        ctx.save_for_backward(x, weight, w1, w2)
+        ctx.scale = scale
+        return F.linear(x, weight + scale * torch.kron(w1, w2), bias)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, weight, w1, w2 = ctx.saved_tensors
+        scale = ctx.scale
+        (a, c), (b, d) = w1.shape, w2.shape
+        dx = dbias = dw1 = dw2 = None
+        if ctx.needs_input_grad[0]:
+            dx = dy @ (weight + scale * torch.kron(w1, w2))  # [..., c·d]
+        if ctx.needs_input_grad[2]:
+            dbias = dy.reshape(-1, a * b).sum(0)
+        rows, cols = dy.reshape(-1, a, b), x.reshape(-1, c, d)
+        if ctx.needs_input_grad[4]:
+            mixed = mix_rows(rows, w1.t())  # [tokens, c, b]
+            dw2 = (mixed.reshape(-1, b).t() @ cols.reshape(-1, d)) * scale
+        if ctx.needs_input_grad[3]:
+            if a < c:  # (dy_i w2) · x_j: the GEMM on a row blocks
+                dw1 = w1_grad(rows @ w2, cols, a, c)
+            else:  # dy_i · (x_j w2ᵀ): on c row blocks
+                dw1 = w1_grad(rows, cols @ w2.t(), a, c)
+            dw1 = (dw1 * scale).to(w1.dtype)
+        if ctx.needs_input_grad[1]:
+            raise NotImplementedError("MergedKron: the base weight must be frozen")
+        return dx, None, dbias, dw1, dw2, None
 
 
 def kron_linear(
@@ -312,6 +378,10 @@ class KronLinear(PeftLoKrLinear):
         active = [name for name in self.active_adapters if name in self._available_adapters]
         if self.disable_adapters or self.merged or any(self.module_dropout[n] for n in active):
             return super().forward(x, *args, **kwargs)
+        if KRON_FORWARD == "merged" and len(active) == 1 and not args and not kwargs:
+            merged = self._merged_forward(active[0], x)
+            if merged is not None:
+                return merged
         result = self.base_layer(x, *args, **kwargs)
         for name in active:
             result = result + self._get_delta_activations(name, x, *args, **kwargs)
@@ -322,14 +392,7 @@ class KronLinear(PeftLoKrLinear):
     ) -> torch.Tensor:
         if self.training and self.rank_dropout[adapter_name]:
             return super()._get_delta_activations(adapter_name, input, *args, **kwargs)
-        if adapter_name in self.lokr_w1:
-            w1 = self.lokr_w1[adapter_name]
-        else:
-            w1 = self.lokr_w1_a[adapter_name] @ self.lokr_w1_b[adapter_name]
-        if adapter_name in self.lokr_w2:
-            w2: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = self.lokr_w2[adapter_name]
-        else:
-            w2 = (self.lokr_w2_a[adapter_name], self.lokr_w2_b[adapter_name])
+        w1, w2 = self._factors(adapter_name)
         compute = autocast_dtype(input.device.type) if KRON_COMPUTE == "autocast" else None
         if compute is not None:
             # Under autocast the GEMMs take `compute` operands anyway: keep the whole path there
@@ -341,6 +404,51 @@ class KronLinear(PeftLoKrLinear):
         else:
             x = self._cast_input_dtype(input, w1.dtype)
         return kron_linear(x, w1, w2, self.scaling[adapter_name])
+
+    def _factors(
+        self, adapter_name: str
+    ) -> tuple[torch.Tensor, torch.Tensor | tuple[torch.Tensor, torch.Tensor]]:
+        """w1 `[a, c]` and w2 `[b, d]` (or its low-rank pair) of one adapter."""
+        if adapter_name in self.lokr_w1:
+            w1 = self.lokr_w1[adapter_name]
+        else:
+            w1 = self.lokr_w1_a[adapter_name] @ self.lokr_w1_b[adapter_name]
+        if adapter_name in self.lokr_w2:
+            w2: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = self.lokr_w2[adapter_name]
+        else:
+            w2 = (self.lokr_w2_a[adapter_name], self.lokr_w2_b[adapter_name])
+        return w1, w2
+
+    def _merged_forward(self, adapter_name: str, x: torch.Tensor) -> torch.Tensor | None:
+        """`MergedKron` (KRON_FORWARD "merged") in the autocast dtype, or in the one dtype that
+        x, the base weight and the factors share; None where it does not apply (rank dropout in
+        training, a base that is not a frozen nn.Linear, mixed dtypes without autocast)."""
+        base = self.base_layer
+        if (
+            (self.training and self.rank_dropout[adapter_name])
+            or type(base) is not nn.Linear
+            or base.weight.requires_grad
+        ):
+            return None
+        w1, w2 = self._factors(adapter_name)
+        if isinstance(w2, tuple):
+            w2 = w2[0] @ w2[1]
+        compute = autocast_dtype(x.device.type)
+        if compute is None:
+            if not x.dtype == base.weight.dtype == w1.dtype == w2.dtype:
+                return None
+            compute = x.dtype
+        bias = None if base.bias is None else base.bias.to(compute)
+        with torch.autocast(x.device.type, enabled=False):  # every operand is `compute` already
+            y = MergedKron.apply(
+                x.to(compute),
+                base.weight.to(compute),
+                bias,
+                w1.to(compute),
+                w2.to(compute),
+                self.scaling[adapter_name],
+            )
+        return y.to(x.dtype)
 
 
 def autocast_dtype(device_type: str) -> torch.dtype | None:

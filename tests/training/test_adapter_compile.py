@@ -15,13 +15,14 @@ from hotstep_ray.models.acestep_ops import TrainBatch
 from hotstep_ray.training import adapters, dit_loss
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "acestep15-tiny" / "checkpoint"
-# id -> (adapter kind, KRON_MIX, KRON_W1_GRAD): the CPU's and CUDA's defaults ("auto": gemm /
-# ordered + bmm). The pointwise mixes share KronMix, whose values and gradients test_adapters
-# checks for every mode.
+# id -> (adapter kind, KRON_MIX, KRON_W1_GRAD, KRON_FORWARD): the CPU's and CUDA's defaults
+# ("auto": gemm / ordered + bmm), and the merged forward. The pointwise mixes share KronMix,
+# whose values and gradients test_adapters checks for every mode.
 CASES = {
-    "lora": ("lora", "gemm", "gemm"),
-    "lokr-gemm": ("lokr", "gemm", "gemm"),
-    "lokr-ordered-bmm": ("lokr", "ordered", "bmm"),
+    "lora": ("lora", "gemm", "gemm", "factored"),
+    "lokr-gemm": ("lokr", "gemm", "gemm", "factored"),
+    "lokr-ordered-bmm": ("lokr", "ordered", "bmm", "factored"),
+    "lokr-merged": ("lokr", "ordered", "bmm", "merged"),
 }
 
 
@@ -85,10 +86,22 @@ def loss_and_grads(
 def test_adapted_block_is_one_graph_with_the_eager_gradients(
     case: str, single_thread, monkeypatch
 ) -> None:
-    kind, mix, w1_grad = CASES[case]
+    kind, mix, w1_grad, forward = CASES[case]
     monkeypatch.setattr(adapters, "KRON_MIX", mix)  # read at trace time
     monkeypatch.setattr(adapters, "KRON_W1_GRAD", w1_grad)
+    monkeypatch.setattr(adapters, "KRON_FORWARD", forward)
     block, inputs = block_and_inputs(kind)
+    if forward == "merged":  # the merged Linear really runs in this block (checked eagerly)
+        seen: list[int] = []
+        original = adapters.MergedKron.apply
+        with monkeypatch.context() as patch, torch.no_grad():
+            patch.setattr(
+                adapters.MergedKron,
+                "apply",
+                staticmethod(lambda *args: seen.append(1) or original(*args)),
+            )
+            block(**inputs)
+        assert len(seen) >= 4, seen  # at least the attention projections
 
     explained = torch._dynamo.explain(block)(**inputs)
     reasons = [reason.reason for reason in explained.break_reasons]

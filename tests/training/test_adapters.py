@@ -253,6 +253,7 @@ def test_lokr_under_autocast_keeps_the_autocast_dtype_when_asked(
 
     monkeypatch.setattr(adapters.KronMix, "apply", staticmethod(recording))
     monkeypatch.setattr(adapters, "KRON_MIX", "ordered")
+    monkeypatch.setattr(adapters, "KRON_FORWARD", "factored")  # the path with the w1 mix
     model = adapters.inject(make_toy(0), SPECS["lokr"])
     randomize(model)
     model.train()

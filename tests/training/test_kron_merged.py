@@ -1,0 +1,183 @@
+"""LoKR's merged forward (`KRON_FORWARD = "merged"`, `MergedKron`): one Linear on W + ΔW gives
+the factored path's output and gradients, and steps aside where it does not apply."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hotstep_ray.training import adapters
+from hotstep_ray.training.adapters import AdapterSpec
+
+LOKR = AdapterSpec(kind="lokr", rank=8, alpha=4, factor=4)  # full and low-rank w2, as test_adapters
+
+
+def _leaf(generator: torch.Generator, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True)
+
+
+@pytest.mark.parametrize("w1_grad", adapters.KRON_W1_GRADS)
+@pytest.mark.parametrize("w1_shape", [(5, 4), (3, 4), (4, 4)])  # a > c, a < c, a == c
+def test_merged_kron_equals_base_plus_factored_path(monkeypatch, w1_shape, w1_grad):
+    """float64: output and the gradients of x, bias, w1 and w2 equal F.linear + kron_linear's
+    (so a difference is a formula, not rounding); the frozen weight gets none."""
+    monkeypatch.setattr(adapters, "KRON_W1_GRAD", w1_grad)
+    generator = torch.Generator().manual_seed(5)
+    a, c = w1_shape
+    b, d = 3, 6
+    x, w1, w2, bias = (
+        _leaf(generator, 2, 7, c * d),
+        _leaf(generator, a, c),
+        _leaf(generator, b, d),
+        _leaf(generator, a * b),
+    )
+    weight = torch.randn(a * b, c * d, generator=generator, dtype=torch.float64)
+    upstream = torch.randn(2, 7, a * b, generator=generator, dtype=torch.float64)
+    leaves = [x, bias, w1, w2]
+
+    merged = adapters.MergedKron.apply(x, weight, bias, w1, w2, 0.7)
+    got = torch.autograd.grad((merged * upstream).sum(), leaves)
+    monkeypatch.setattr(adapters, "KRON_MIX", "gemm")
+    factored = F.linear(x, weight, bias) + adapters.kron_linear(x, w1, w2, 0.7)
+    want = torch.autograd.grad((factored * upstream).sum(), leaves)
+
+    torch.testing.assert_close(merged, factored, rtol=1e-12, atol=1e-12)
+    for name, g_got, g_want in zip(("x", "bias", "w1", "w2"), got, want, strict=True):
+        assert g_got.abs().sum() > 0, name
+        torch.testing.assert_close(g_got, g_want, rtol=1e-12, atol=1e-12, msg=name)
+    with pytest.raises(NotImplementedError, match="frozen"):
+        trained = weight.clone().requires_grad_(True)
+        adapters.MergedKron.apply(x, trained, bias, w1, w2, 0.7).sum().backward()
+
+
+def _run(model, inputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    out = model(*inputs)
+    out.square().mean().backward()
+    grads = {key: p.grad.clone() for key, p in adapters.trainable_parameters(model)}
+    model.zero_grad(set_to_none=True)
+    return out.detach(), grads
+
+
+def test_merged_forward_gives_the_factored_model(monkeypatch, make_toy, toy_inputs, randomize):
+    """A toy model with LoKR in training mode, float32: the merged forward runs in every adapted
+    Linear and gives the factored forward's output and adapter gradients."""
+    model = adapters.inject(make_toy(0), LOKR)
+    randomize(model)
+    model.train()
+    calls: list[torch.dtype] = []
+    apply = adapters.MergedKron.apply
+
+    def recording(x, *rest):
+        calls.append(x.dtype)
+        return apply(x, *rest)
+
+    monkeypatch.setattr(adapters.MergedKron, "apply", staticmethod(recording))
+    results = {}
+    for forward in adapters.KRON_FORWARDS:
+        monkeypatch.setattr(adapters, "KRON_FORWARD", forward)
+        calls.clear()
+        results[forward] = _run(model, toy_inputs)
+        layers = len(list(adapters.tuner_layers(model)))
+        assert len(calls) == (layers if forward == "merged" else 0), forward
+    (out_f, grads_f), (out_m, grads_m) = results["factored"], results["merged"]
+    torch.testing.assert_close(out_m, out_f, rtol=1e-5, atol=1e-6)
+    assert grads_m.keys() == grads_f.keys()
+    for key, want in grads_f.items():
+        assert want.abs().sum() > 0, key
+        torch.testing.assert_close(grads_m[key], want, rtol=1e-4, atol=1e-6, msg=key)
+
+
+def test_merged_forward_under_autocast_and_where_it_steps_aside(
+    monkeypatch, make_toy, toy_inputs, randomize
+):
+    """Under (CPU) bf16 autocast the merged Linear runs in bf16 and stays within bf16 rounding of
+    the factored path; without autocast, mixed dtypes (a bf16 base, float32 factors) and rank
+    dropout keep the factored path."""
+    monkeypatch.setattr(adapters, "KRON_FORWARD", "merged")
+    calls: list[torch.dtype] = []
+    apply = adapters.MergedKron.apply
+
+    def recording(x, *rest):
+        calls.append(x.dtype)
+        return apply(x, *rest)
+
+    monkeypatch.setattr(adapters.MergedKron, "apply", staticmethod(recording))
+    model = adapters.inject(make_toy(0), LOKR)
+    randomize(model)
+    model.train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out_m, grads_m = _run(model, toy_inputs)
+    assert calls and set(calls) == {torch.bfloat16}
+    monkeypatch.setattr(adapters, "KRON_FORWARD", "factored")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out_f, grads_f = _run(model, toy_inputs)
+    assert (out_m.float() - out_f.float()).norm() <= 2e-2 * out_f.float().norm()
+    for key, want in grads_f.items():
+        assert (grads_m[key] - want).norm() <= 0.05 * want.norm(), key
+        assert grads_m[key].dtype == torch.float32, key  # the masters' gradients
+
+    monkeypatch.setattr(adapters, "KRON_FORWARD", "merged")
+    calls.clear()
+    mixed = adapters.inject(make_toy(0), LOKR)
+    randomize(mixed)
+    mixed.to(torch.bfloat16)
+    for param in adapters.adapter_parameters(mixed).values():
+        param.data = param.data.float()  # float32 masters on a bf16 base, no autocast
+    mixed(*(t.to(torch.bfloat16) for t in toy_inputs))
+    assert calls == []
+    dropping = adapters.inject(make_toy(0), LOKR.model_copy(update={"dropout": 0.0}))
+    for _, layer in adapters.tuner_layers(dropping):
+        layer.rank_dropout[adapters.ADAPTER_NAME] = 0.5
+    dropping.train()
+    dropping(*toy_inputs)
+    assert calls == []
+
+
+def test_a_bf16_fit_with_the_merged_forward_tracks_float32_like_the_factored_one(
+    monkeypatch, make_toy
+):
+    """The merged forward rounds W + ΔW to bf16 where the factored one rounds the sum of the two
+    outputs. Fitting a toy model's LoKR (bf16 base, float32 masters, bf16 autocast, AdamW, 60
+    steps) to a fixed target, the merged run's losses stay as close to the float32 run's as the
+    factored run's do (both measured ~2-3e-4 mean relative deviation)."""
+    generator = torch.Generator().manual_seed(0)
+    teacher = make_toy(1)
+    x, context = (
+        torch.randn(8, 16, 16, generator=generator),
+        torch.randn(8, 5, 64, generator=generator),
+    )
+    with torch.no_grad():
+        target = teacher(x, context)
+
+    def fit(forward: str, bf16: bool) -> list[float]:
+        monkeypatch.setattr(adapters, "KRON_FORWARD", forward)
+        model = adapters.inject(make_toy(0), LOKR)
+        if bf16:
+            model.to(torch.bfloat16)
+            for param in adapters.adapter_parameters(model).values():
+                param.data = param.data.float()
+        model.train()
+        params = [p for _, p in adapters.trainable_parameters(model)]
+        optimizer = torch.optim.AdamW(params, lr=3e-4)
+        dtype = torch.bfloat16 if bf16 else torch.float32
+        losses = []
+        for _ in range(60):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                out = model(x.to(dtype), context.to(dtype))
+            loss = (out.float() - target).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        return losses
+
+    reference = fit("factored", bf16=False)
+    deviation = {
+        forward: sum(abs(a - b) / b for a, b in zip(fit(forward, True), reference, strict=True))
+        / len(reference)
+        for forward in adapters.KRON_FORWARDS
+    }
+    assert reference[-1] < 0.9 * reference[0]  # the fit moves
+    assert 0 < deviation["factored"] < 2e-3
+    assert deviation["merged"] < 2 * deviation["factored"] + 2e-4, deviation
