@@ -235,6 +235,12 @@ KRON_COMPUTES = ("master", "autocast")
 # (tests/training/test_kron_merged.py).
 KRON_FORWARD = "merged"
 KRON_FORWARDS = ("factored", "merged")
+# Rows of x (tokens) below which "merged" keeps the factored path. Building W' moves ~2 weights of
+# memory (read W, write W'; again in the backward) for the 1/4-base GEMM it saves, whose FLOPs
+# are tokens · in · out / 2: on an H200 (4.8 TB/s, ~700 TFLOP/s bf16) the two meet near 1200
+# tokens. A decode step (1-2 tokens) would otherwise rebuild every weight per token. Arithmetic,
+# not measured; training batches are 1248-12000 tokens on the DiT, ~1700 on the LM.
+KRON_MERGED_MIN_TOKENS = 1024
 
 
 def mix_rows(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -422,12 +428,14 @@ class KronLinear(PeftLoKrLinear):
     def _merged_forward(self, adapter_name: str, x: torch.Tensor) -> torch.Tensor | None:
         """`MergedKron` (KRON_FORWARD "merged") in the autocast dtype, or in the one dtype that
         x, the base weight and the factors share; None where it does not apply (rank dropout in
-        training, a base that is not a frozen nn.Linear, mixed dtypes without autocast)."""
+        training, a base that is not a frozen nn.Linear, mixed dtypes without autocast, fewer
+        than KRON_MERGED_MIN_TOKENS rows of x)."""
         base = self.base_layer
         if (
             (self.training and self.rank_dropout[adapter_name])
             or type(base) is not nn.Linear
             or base.weight.requires_grad
+            or x.numel() < KRON_MERGED_MIN_TOKENS * x.shape[-1]
         ):
             return None
         w1, w2 = self._factors(adapter_name)

@@ -90,6 +90,7 @@ def test_adapted_block_is_one_graph_with_the_eager_gradients(
     monkeypatch.setattr(adapters, "KRON_MIX", mix)  # read at trace time
     monkeypatch.setattr(adapters, "KRON_W1_GRAD", w1_grad)
     monkeypatch.setattr(adapters, "KRON_FORWARD", forward)
+    monkeypatch.setattr(adapters, "KRON_MERGED_MIN_TOKENS", 1)  # the block holds 12-16 tokens
     block, inputs = block_and_inputs(kind)
     if forward == "merged":  # the merged Linear really runs in this block (checked eagerly)
         seen: list[int] = []

@@ -13,6 +13,13 @@ from hotstep_ray.training.adapters import AdapterSpec
 LOKR = AdapterSpec(kind="lokr", rank=8, alpha=4, factor=4)  # full and low-rank w2, as test_adapters
 
 
+@pytest.fixture(autouse=True)
+def short_inputs_merge(monkeypatch) -> None:
+    """The toy inputs hold 12-128 tokens: let them take the merged path (the threshold has its
+    own test below)."""
+    monkeypatch.setattr(adapters, "KRON_MERGED_MIN_TOKENS", 1)
+
+
 def _leaf(generator: torch.Generator, *shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True)
 
@@ -181,3 +188,33 @@ def test_a_bf16_fit_with_the_merged_forward_tracks_float32_like_the_factored_one
     assert reference[-1] < 0.9 * reference[0]  # the fit moves
     assert 0 < deviation["factored"] < 2e-3
     assert deviation["merged"] < 2 * deviation["factored"] + 2e-4, deviation
+
+
+def test_few_tokens_keep_the_factored_path(monkeypatch, make_toy, randomize):
+    """Below KRON_MERGED_MIN_TOKENS rows (a decode step) the merged Linear would rebuild every
+    weight per token: those calls take the factored path, longer inputs the merged one; both
+    give the same output."""
+    monkeypatch.setattr(adapters, "KRON_MERGED_MIN_TOKENS", 64)
+    calls: list[int] = []
+    apply = adapters.MergedKron.apply
+
+    def recording(x, *rest):
+        calls.append(x.shape[0] * x.shape[1])
+        return apply(x, *rest)
+
+    monkeypatch.setattr(adapters.MergedKron, "apply", staticmethod(recording))
+    model = adapters.inject(make_toy(0), LOKR)
+    randomize(model)
+    generator = torch.Generator().manual_seed(2)
+    context = torch.randn(1, 5, 64, generator=generator)
+    for tokens, merged in ((1, False), (63, False), (64, True)):
+        x = torch.randn(1, tokens, 16, generator=generator)
+        calls.clear()
+        with torch.no_grad():
+            out = model(x, context)
+            monkeypatch.setattr(adapters, "KRON_FORWARD", "factored")
+            want = model(x, context)
+            monkeypatch.setattr(adapters, "KRON_FORWARD", "merged")
+        assert (len(calls) > 0) == merged, tokens
+        assert all(rows == tokens for rows in calls)  # the context-side Linears have 5 rows
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
