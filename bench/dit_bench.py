@@ -100,7 +100,8 @@ def parse_args() -> argparse.Namespace:
         "--kron-compute",
         default=adapters.KRON_COMPUTE,
         choices=adapters.KRON_COMPUTES,
-        help="LoKR activations under autocast: float32 masters' dtype or the autocast dtype",
+        help="LoKR activations under autocast on the factored path (--kron-forward factored, "
+        "or inputs under KRON_MERGED_MIN_TOKENS rows): float32 masters' dtype or the autocast dtype",
     )
     parser.add_argument(
         "--kron-forward",

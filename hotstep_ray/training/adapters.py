@@ -219,15 +219,16 @@ KRON_W1_GRADS = ("gemm", "bmm")
 # path already had). Gradients still reach the float32 masters. Without autocast both are
 # "master". H200, 2B LoKR 512 at 6000 frames, batch 2, CUDA graphs: "master" 202.35 ms per
 # step at 27.08 GiB reserved, "autocast" 197.89 ms at 26.15 GiB (bench/dit_bench.py
-# --kron-compute; docs/BENCHMARKS.md).
+# --kron-compute; docs/BENCHMARKS.md). The factored path only: the merged one (KRON_FORWARD)
+# always computes in the autocast dtype.
 KRON_COMPUTE = "autocast"
 KRON_COMPUTES = ("master", "autocast")
 # How `KronLinear` runs a trained LoKR: "factored" adds `kron_linear`'s output to the base
 # Linear's; "merged" runs one Linear with `W + scale · (w1 ⊗ w2)`, built per call (`MergedKron`).
-# Per adapted Linear, in base-GEMM units: factored = forward 1 + 1/a' (the w2 GEMM on the c or a
-# row blocks, a' = the larger of a, c) plus a mix pass, backward 1 (dx) + 2/a' plus mix passes;
-# merged = forward 1, backward 1 (dx through the merged weight) + 2/a' (w2's gradient, and the
-# GEMM w1's gradient reduces) plus one mix pass. The weight-sized build costs a pass over W.
+# Per adapted Linear, in base-GEMM units with f = max(a, c) (w1 [a, c]; 4 on most 2B layers):
+# factored = forward 1 + 1/f plus a mix pass, backward 1 (dx) + 2/f plus mix passes; merged =
+# forward 1, backward 1 (dx through the merged weight) + 2/f (w2's gradient and the GEMM behind
+# w1's) plus one mix pass, and two passes over W to build W' (forward and backward).
 # H200, 2B LoKR 512 at 6000 frames, batch 2, CUDA graphs, bf16: factored 197.89 ms per step at
 # 26.15 GiB reserved, merged 170.99 ms at 20.88 GiB (LoRA r64: 155.57 ms, 20.34 GiB); bench/
 # dit_bench.py --kron-forward, docs/BENCHMARKS.md. Merged rounds W + ΔW to bf16 in the forward
@@ -235,12 +236,21 @@ KRON_COMPUTES = ("master", "autocast")
 # (tests/training/test_kron_merged.py).
 KRON_FORWARD = "merged"
 KRON_FORWARDS = ("factored", "merged")
-# Rows of x (tokens) below which "merged" keeps the factored path. Building W' moves ~2 weights of
-# memory (read W, write W'; again in the backward) for the 1/4-base GEMM it saves, whose FLOPs
-# are tokens · in · out / 2: on an H200 (4.8 TB/s, ~700 TFLOP/s bf16) the two meet near 1200
-# tokens. A decode step (1-2 tokens) would otherwise rebuild every weight per token. Arithmetic,
-# not measured; training batches are 1248-12000 tokens on the DiT, ~1700 on the LM.
+# Rows of x (all leading axes: batch × tokens) below which "merged" keeps the factored path.
+# Building W' moves ~2 weights of memory (read W, write W'; again in the backward) for the
+# 1/f-base GEMM it saves (f = 4: rows · in · out / 2 FLOPs): on an H200 (4.8 TB/s, ~700 TFLOP/s
+# bf16) the two meet near 1200 rows. A decode step (1-2 rows) would otherwise rebuild every
+# weight per token. Arithmetic, not measured. The DiT's rows are batch × frames / 2 (patch 2): a
+# 240 s crop 3000 per song, the recipe's 1248-frame crop 624 (2496 with its 4 micro-batches
+# folded, as on CUDA; one unfolded crop runs factored); the cross-attention K/V see batch ×
+# condition tokens; the LM's rows are ~1700 per 240 s song.
 KRON_MERGED_MIN_TOKENS = 1024
+
+
+def kron_merges(rows: int) -> bool:
+    """Whether a LoKR Linear whose input has `rows` rows (all leading axes) takes the merged
+    forward (KRON_FORWARD, KRON_MERGED_MIN_TOKENS); the VRAM model asks the same question."""
+    return KRON_FORWARD == "merged" and rows >= KRON_MERGED_MIN_TOKENS
 
 
 def mix_rows(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -288,6 +298,13 @@ def w1_grad(dy: torch.Tensor, h: torch.Tensor, a: int, c: int) -> torch.Tensor:
     return dy_rows @ h_rows.t()
 
 
+def _mix(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """`[..., a, n]` = w `[a, c]` applied over the c axis of h `[..., c, n]`: `mix_rows`'s
+    pointwise multiply-adds where `kron_mix` picks a pointwise mix (CUDA), one broadcast matmul
+    where it picks "gemm" (the CPU; also no a·c-op trace for a large w1)."""
+    return torch.matmul(w, h) if kron_mix(h) == "gemm" else mix_rows(h, w)
+
+
 class MergedKron(torch.autograd.Function):
     """`F.linear(x, weight + scale · (w1 ⊗ w2), bias)` for a frozen `weight` `[a·b, c·d]`, with
     w1 `[a, c]`, w2 `[b, d]`, all in one dtype. Gradients for x, bias, w1 and w2; the merged
@@ -322,9 +339,13 @@ class MergedKron(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             dbias = dy.reshape(-1, a * b).sum(0)
         rows, cols = dy.reshape(-1, a, b), x.reshape(-1, c, d)
-        if ctx.needs_input_grad[4]:
-            mixed = mix_rows(rows, w1.t())  # [tokens, c, b]
-            dw2 = (mixed.reshape(-1, b).t() @ cols.reshape(-1, d)) * scale
+        if ctx.needs_input_grad[4]:  # the w1 mix on the side with fewer row blocks
+            if a < c:  # Σ_t dy_tᵀ (w1 x_t): [b, tokens·a] @ [tokens·a, d]
+                mixed = _mix(cols, w1)  # [tokens, a, d]
+                dw2 = (rows.reshape(-1, b).t() @ mixed.reshape(-1, d)) * scale
+            else:  # Σ_t (w1ᵀ dy_t)ᵀ x_t: [b, tokens·c] @ [tokens·c, d]
+                mixed = _mix(rows, w1.t())  # [tokens, c, b]
+                dw2 = (mixed.reshape(-1, b).t() @ cols.reshape(-1, d)) * scale
         if ctx.needs_input_grad[3]:
             if a < c:  # (dy_i w2) · x_j: the GEMM on a row blocks
                 dw1 = w1_grad(rows @ w2, cols, a, c)
@@ -384,7 +405,7 @@ class KronLinear(PeftLoKrLinear):
         active = [name for name in self.active_adapters if name in self._available_adapters]
         if self.disable_adapters or self.merged or any(self.module_dropout[n] for n in active):
             return super().forward(x, *args, **kwargs)
-        if KRON_FORWARD == "merged" and len(active) == 1 and not args and not kwargs:
+        if len(active) == 1 and not args and not kwargs:
             merged = self._merged_forward(active[0], x)
             if merged is not None:
                 return merged
@@ -435,7 +456,7 @@ class KronLinear(PeftLoKrLinear):
             (self.training and self.rank_dropout[adapter_name])
             or type(base) is not nn.Linear
             or base.weight.requires_grad
-            or x.numel() < KRON_MERGED_MIN_TOKENS * x.shape[-1]
+            or not kron_merges(x.numel() // max(1, x.shape[-1]))
         ):
             return None
         w1, w2 = self._factors(adapter_name)

@@ -10,7 +10,7 @@ are checkpointed, L condition tokens):
   keeps one moment, so it is over-charged by 4);
 - activations kept for backward, bf16, per token of a trained layer: `A = 13·H + 11·Dq + 5·Dkv
   + 7·I` elements plus the adapter's own intermediates (LoRA: r per module; LoKR: 2× the module
-  output), times B·N·(K − C); a checkpointed layer keeps only its input (1.5·H) and one layer's
+  output on its factored path, none on its merged one), times B·N·(K − C); a checkpointed layer keeps only its input (1.5·H) and one layer's
   full set is live while it is recomputed; plus per trained layer the cross-attention K/V of the
   condition (4·Dkv·L per sample) and the output head (~1 KB per frame);
 - masks: a padded micro-batch merges its key mask into a [B, 1, N, N] additive mask per
@@ -41,7 +41,7 @@ from typing import Any
 
 from hotstep_ray.core.contracts import TrainDitOptions
 from hotstep_ray.core.errors import InputError
-from hotstep_ray.training.adapters import AdapterSpec, lokr_shape
+from hotstep_ray.training.adapters import AdapterSpec, kron_merges, lokr_shape
 
 GB = 1e9
 FRAGMENTATION = 0.05
@@ -178,8 +178,11 @@ class Estimate:
         return {key: round(value / GB, 3) for key, value in asdict(self).items()}
 
 
-def _adapter_act_elements(dims: DitDims, spec: AdapterSpec) -> int:
-    """Extra saved elements per token per trained layer from the adapter's own matmuls."""
+def _adapter_act_elements(dims: DitDims, spec: AdapterSpec, rows: int) -> int:
+    """Extra saved elements per token per trained layer from the adapter's own matmuls, for a
+    micro-batch of `rows` tokens (all samples): LoRA keeps its r-wide hidden per module; LoKR's
+    factored path two module outputs, its merged Linear (`adapters.kron_merges`) nothing beyond
+    the input the block's own count already holds."""
     token_rows = [r for r in dims.linears(True) if r[3] == "token"]
     targets = {t.rsplit(".", 1)[-1] if t != "to_out.0" else t for t in spec.targets}
     modules = [
@@ -189,7 +192,23 @@ def _adapter_act_elements(dims: DitDims, spec: AdapterSpec) -> int:
     ]
     if spec.kind == "lora":
         return spec.rank * len(modules)
+    if kron_merges(rows):
+        return 0
     return sum(2 * fan_out for _, _, fan_out, _ in modules)
+
+
+def _adapted_weight_elements(dims: DitDims, spec: AdapterSpec) -> int:
+    """Elements of one layer's adapted base weights. The merged LoKR forward builds a bf16
+    `W + ΔW` per adapted Linear; the model charges one such copy of every adapted weight of the
+    trained layers as if kept for the backward. Measured (H200, 2B LoKR 512, 6000 frames, CUDA
+    graphs, reserved): merged 14.0 GiB at batch 1 and 20.88 at batch 2, 1.8 and 0.5 GiB above
+    LoRA r64 at the same shapes; what holds that memory was not profiled."""
+    targets = {t.rsplit(".", 1)[-1] if t != "to_out.0" else t for t in spec.targets}
+    return sum(
+        fan_in * fan_out
+        for name, fan_in, fan_out, _ in dims.linears(True)
+        if ("to_out.0" if name.endswith("to_out.0") else name.rsplit(".", 1)[-1]) in targets
+    )
 
 
 def estimate(
@@ -199,13 +218,15 @@ def estimate(
     blocks run torch.compile'd (`COMPILED_ACTIVATION_SHARE` of the layer activations)."""
     tokens = math.ceil(plan.crop_frames / dims.patch) * plan.batch
     h, q, kv, i = dims.hidden, dims.q_dim, dims.kv_dim, dims.intermediate
-    full = 13 * h + 11 * q + 5 * kv + 7 * i + _adapter_act_elements(dims, spec)
+    full = 13 * h + 11 * q + 5 * kv + 7 * i + _adapter_act_elements(dims, spec, tokens)
     kept = plan.trained_layers - plan.ckpt_layers
     per_token = kept * full + plan.ckpt_layers * 1.5 * h + (full if plan.ckpt_layers else 0)
     condition = plan.trained_layers * 4 * kv * plan.condition_len * plan.batch
     head = HEAD_BYTES_PER_FRAME * plan.crop_frames * plan.batch
     share = COMPILED_ACTIVATION_SHARE if compiled else 1.0
     activations = ACT_BYTES * (share * tokens * per_token + condition) + head
+    if spec.kind == "lokr" and kron_merges(tokens):
+        activations += ACT_BYTES * _adapted_weight_elements(dims, spec) * plan.trained_layers
     n = math.ceil(plan.crop_frames / dims.patch)
     masks = ACT_BYTES * plan.batch * n * n * plan.trained_layers if padded and plan.batch > 1 else 0
     weights = 2.0 * dims.transformer_params()

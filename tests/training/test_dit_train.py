@@ -132,18 +132,31 @@ def _fixed_loss(run: dit.DitRun, transformer_models) -> float:
         ).loss.item()
 
 
+LOKR_OPTIONS = {"adapter_type": "lokr", "lokr_dim": 8, "lokr_alpha": 4, "lokr_factor": 4}
+
+
 @pytest.mark.parametrize(
-    "overrides",
-    [
-        {"adapter_type": "lora"},
-        {"adapter_type": "lokr", "lokr_dim": 8, "lokr_alpha": 4, "lokr_factor": 4},
-    ],
-    ids=["lora", "lokr"],
+    ("overrides", "merged"),
+    [({"adapter_type": "lora"}, False), (LOKR_OPTIONS, False), (LOKR_OPTIONS, True)],
+    ids=["lora", "lokr", "lokr-merged"],
 )
 def test_export_reload_reproduces_the_trainers_loss(
-    storage, tiny_dit_dir, single_thread, overrides
+    storage, tiny_dit_dir, single_thread, monkeypatch, overrides, merged
 ) -> None:
+    # The tiny DiT's inputs hold fewer rows than KRON_MERGED_MIN_TOKENS, so "lokr" trains on the
+    # factored path; "lokr-merged" lowers the threshold so training and the reload run LoKR's
+    # merged Linear, the GPU's path.
+    merged_calls: list[int] = []
+    if merged:
+        monkeypatch.setattr(adapters, "KRON_MERGED_MIN_TOKENS", 1)
+        apply = adapters.MergedKron.apply
+        monkeypatch.setattr(
+            adapters.MergedKron,
+            "apply",
+            staticmethod(lambda *args: merged_calls.append(1) or apply(*args)),
+        )
     run, result = run_training(storage, tiny_dit_dir, fast_options(epochs=4, **overrides))
+    assert bool(merged_calls) == merged
     assert result.saved_reason == "best"  # the best ma5 epoch's adapter, exported as it came
     dit.save(run, "final")  # now the model's current adapter, to compare with the live model
     # The export is BF16: the trainer's own model with its adapter rounded to BF16 must give the

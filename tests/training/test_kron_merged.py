@@ -24,12 +24,14 @@ def _leaf(generator: torch.Generator, *shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True)
 
 
+@pytest.mark.parametrize("mix", ["gemm", "ordered"])  # _mix: matmul (CPU) or mix_rows (CUDA)
 @pytest.mark.parametrize("w1_grad", adapters.KRON_W1_GRADS)
 @pytest.mark.parametrize("w1_shape", [(5, 4), (3, 4), (4, 4)])  # a > c, a < c, a == c
-def test_merged_kron_equals_base_plus_factored_path(monkeypatch, w1_shape, w1_grad):
+def test_merged_kron_equals_base_plus_factored_path(monkeypatch, w1_shape, w1_grad, mix):
     """float64: output and the gradients of x, bias, w1 and w2 equal F.linear + kron_linear's
     (so a difference is a formula, not rounding); the frozen weight gets none."""
     monkeypatch.setattr(adapters, "KRON_W1_GRAD", w1_grad)
+    monkeypatch.setattr(adapters, "KRON_MIX", mix)
     generator = torch.Generator().manual_seed(5)
     a, c = w1_shape
     b, d = 3, 6
@@ -45,7 +47,6 @@ def test_merged_kron_equals_base_plus_factored_path(monkeypatch, w1_shape, w1_gr
 
     merged = adapters.MergedKron.apply(x, weight, bias, w1, w2, 0.7)
     got = torch.autograd.grad((merged * upstream).sum(), leaves)
-    monkeypatch.setattr(adapters, "KRON_MIX", "gemm")
     factored = F.linear(x, weight, bias) + adapters.kron_linear(x, w1, w2, 0.7)
     want = torch.autograd.grad((factored * upstream).sum(), leaves)
 
@@ -66,10 +67,21 @@ def _run(model, inputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     return out.detach(), grads
 
 
-def test_merged_forward_gives_the_factored_model(monkeypatch, make_toy, toy_inputs, randomize):
+@pytest.mark.parametrize(
+    "spec",
+    [LOKR, AdapterSpec(kind="lokr", rank=1, alpha=1, factor=4, decompose_both=True)],
+    ids=["lokr", "low-rank-w1-and-w2"],
+)
+def test_merged_forward_gives_the_factored_model(
+    monkeypatch, make_toy, toy_inputs, randomize, spec
+):
     """A toy model with LoKR in training mode, float32: the merged forward runs in every adapted
-    Linear and gives the factored forward's output and adapter gradients."""
-    model = adapters.inject(make_toy(0), LOKR)
+    Linear and gives the factored forward's output and adapter gradients (full and low-rank
+    factors: autograd takes w1_a @ w1_b and w2_a @ w2_b outside MergedKron)."""
+    if spec.decompose_both:
+        shape = adapters.lokr_shape(64, 64, spec)
+        assert not (shape.w1_full or shape.w2_full)
+    model = adapters.inject(make_toy(0), spec)
     randomize(model)
     model.train()
     calls: list[torch.dtype] = []
@@ -122,7 +134,6 @@ def test_merged_forward_under_autocast_and_where_it_steps_aside(
     assert (out_m.float() - out_f.float()).norm() <= 2e-2 * out_f.float().norm()
     for key, want in grads_f.items():
         assert (grads_m[key] - want).norm() <= 0.05 * want.norm(), key
-        assert grads_m[key].dtype == torch.float32, key  # the masters' gradients
 
     monkeypatch.setattr(adapters, "KRON_FORWARD", "merged")
     calls.clear()
@@ -139,6 +150,15 @@ def test_merged_forward_under_autocast_and_where_it_steps_aside(
     dropping.train()
     dropping(*toy_inputs)
     assert calls == []
+    trained_base = adapters.inject(make_toy(0), LOKR)
+    randomize(trained_base)
+    for _, layer in adapters.tuner_layers(trained_base):
+        layer.base_layer.weight.requires_grad_(True)  # MergedKron gives no weight gradient
+    trained_base(*toy_inputs).square().mean().backward()
+    assert calls == []
+    assert all(
+        layer.base_layer.weight.grad is not None for _, layer in adapters.tuner_layers(trained_base)
+    )
 
 
 def test_a_bf16_fit_with_the_merged_forward_tracks_float32_like_the_factored_one(
@@ -179,12 +199,19 @@ def test_a_bf16_fit_with_the_merged_forward_tracks_float32_like_the_factored_one
             losses.append(loss.item())
         return losses
 
+    calls: list[int] = []
+    apply = adapters.MergedKron.apply
+    monkeypatch.setattr(
+        adapters.MergedKron, "apply", staticmethod(lambda *args: calls.append(1) or apply(*args))
+    )
     reference = fit("factored", bf16=False)
+    assert calls == []
     deviation = {
         forward: sum(abs(a - b) / b for a, b in zip(fit(forward, True), reference, strict=True))
         / len(reference)
         for forward in adapters.KRON_FORWARDS
     }
+    assert calls  # the merged run took the merged path
     assert reference[-1] < 0.9 * reference[0]  # the fit moves
     assert 0 < deviation["factored"] < 2e-3
     assert deviation["merged"] < 2 * deviation["factored"] + 2e-4, deviation
