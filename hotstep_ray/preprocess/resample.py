@@ -3,9 +3,17 @@
 No scipy/torchaudio/librosa in the environment, and the ratio we need most (44.1 -> 48 kHz) is
 rational, so this is the textbook exact-ratio design: reduce the ratio to `up / down` (e.g.
 160 / 147), build one FIR phase per output position inside a period of `up` outputs, and run the
-bank as a single strided `conv1d` (stride `down`, `up` output channels) whose channels are then
-interleaved. Output sample k sits at input position k * down / up exactly, so pitch is preserved
-to floating-point precision (no drift, no accumulated phase error over a 4-minute song).
+bank over a strided view of the input (period q reads the window starting at q * down) whose
+phases are then interleaved. Output sample k sits at input position k * down / up exactly, so
+pitch is preserved to floating-point precision (no drift, no accumulated phase error over a
+4-minute song).
+
+The bank runs as GEMMs, not a strided `conv1d`: each phase's filter is nonzero on only ~2·half
+of the bank's `down + 2·half` taps (69 of 215 at 44.1 -> 48 kHz), so the phases are split into
+`PHASE_GROUPS` groups, each multiplying only the tap range its phases use. One 240 s stereo song
+at 44.1 kHz, one thread of this project's 2-core dev box: conv1d 0.45 s, 4 groups 0.19 s (same
+values to 2e-7; 1, 8 and 16 groups 0.31 / 0.24 / 0.38 s). A decode task runs on one CPU, so this
+is about how many CPU cores keep one GPU's encoder fed.
 
 Quality (defaults): 32 zero crossings each side, cutoff at 0.945 of the lower Nyquist, Kaiser
 beta 12 (~ 110 dB stopband). The kernel is computed in float64 and applied in float32.
@@ -19,6 +27,7 @@ from functools import lru_cache
 import torch
 
 ZERO_CROSSINGS = 32  # one-sided filter length, in zero crossings of the lowpass sinc
+PHASE_GROUPS = 4  # GEMMs the filter bank is split into (see the module docstring)
 ROLLOFF = 0.945  # cutoff as a fraction of the lower of the two Nyquist frequencies
 KAISER_BETA = 12.0
 
@@ -76,12 +85,36 @@ def resample(
     if length == 0:
         return audio.new_zeros(channels, 0)
     kernel, half = _filter_bank(up, down, zero_crossings, float(rolloff), float(beta))
-    kernel = kernel.to(torch.float32)
-    periods = math.ceil(out_length / up)  # conv outputs needed per phase
+    taps = kernel.shape[-1]
+    periods = math.ceil(out_length / up)  # outputs needed per phase
     # Left pad so tap 0 of period 0 reads x[-half]; right pad so the last period is complete.
-    right = max(0, (periods - 1) * down + kernel.shape[-1] - half - length)
-    padded = torch.nn.functional.pad(audio.unsqueeze(1), (half, right))  # [C, 1, T']
-    phases = torch.nn.functional.conv1d(padded, kernel, stride=down)  # [C, up, periods]
-    # Interleave: period q, phase i -> output q * up + i.
-    out = phases[..., :periods].transpose(1, 2).reshape(channels, -1)
-    return out[:, :out_length].contiguous()
+    right = max(0, (periods - 1) * down + taps - half - length)
+    padded = torch.nn.functional.pad(audio, (half, right)).contiguous()  # [C, T']
+    out = audio.new_empty(channels, periods, up)  # period q, phase i -> output q * up + i
+    for first, last, lo, hi, weights in _phase_groups(up, down, zero_crossings, rolloff, beta):
+        for channel in range(channels):
+            row = padded[channel]
+            # [periods, hi - lo] view: row q holds the taps lo..hi-1 of period q (no copy)
+            windows = row.as_strided((periods, hi - lo), (down, 1), row.storage_offset() + lo)
+            out[channel, :, first:last] = windows @ weights  # [periods, phases of the group]
+    return out.reshape(channels, -1)[:, :out_length].contiguous()
+
+
+@lru_cache(maxsize=16)
+def _phase_groups(
+    up: int, down: int, zero_crossings: int, rolloff: float, beta: float
+) -> tuple[tuple[int, int, int, int, torch.Tensor], ...]:
+    """(first phase, end phase, first tap, end tap, float32 weights [taps, phases]) per group of
+    `PHASE_GROUPS` consecutive phases: the union of the group's nonzero taps and its filters
+    restricted to them, transposed for `windows @ weights`."""
+    kernel, _ = _filter_bank(up, down, zero_crossings, rolloff, beta)
+    bank = kernel[:, 0]  # [up, taps] float64
+    size = -(-up // min(up, PHASE_GROUPS))
+    groups = []
+    for first in range(0, up, size):
+        last = min(up, first + size)
+        used = (bank[first:last] != 0).any(0).nonzero().squeeze(1)
+        lo, hi = int(used[0]), int(used[-1]) + 1
+        weights = bank[first:last, lo:hi].t().to(torch.float32).contiguous()
+        groups.append((first, last, lo, hi, weights))
+    return tuple(groups)

@@ -57,6 +57,32 @@ def test_resample_lengths_identity_and_band_limit() -> None:
     assert folded[:, 500:-500].pow(2).mean().sqrt() < 1e-3
 
 
+@pytest.mark.parametrize(
+    ("orig", "new"),
+    [(44100, 48000), (22050, 48000), (16000, 48000), (96000, 48000), (48000, 44100)],
+)
+@pytest.mark.parametrize("length", [1, 37, 300, 9001])
+def test_grouped_phases_equal_the_whole_filter_bank(orig: int, new: int, length: int) -> None:
+    """The phase-grouped GEMMs give what the whole bank gives as one strided conv1d (every tap,
+    zeros included): up- and downsampling, a length shorter than the filter, odd lengths."""
+    from hotstep_ray.preprocess import resample as module
+
+    up, down = new // math.gcd(orig, new), orig // math.gcd(orig, new)
+    bank, half = module._filter_bank(
+        up, down, module.ZERO_CROSSINGS, module.ROLLOFF, module.KAISER_BETA
+    )
+    x = torch.randn(2, length, generator=torch.Generator().manual_seed(length), dtype=torch.float64)
+    out_length = math.ceil(length * up / down)
+    periods = math.ceil(out_length / up)
+    right = max(0, (periods - 1) * down + bank.shape[-1] - half - length)
+    padded = torch.nn.functional.pad(x.unsqueeze(1), (half, right))
+    whole = torch.nn.functional.conv1d(padded, bank, stride=down)[..., :periods]  # [2, up, P]
+    want = whole.transpose(1, 2).reshape(2, -1)[:, :out_length]
+    got = resample(x, orig, new)
+    assert got.shape == want.shape == (2, out_length)
+    assert (got.double() - want).abs().max() < 1e-5
+
+
 @pytest.mark.parametrize("suffix", [".wav", ".flac", ".ogg", ".mp3"])
 def test_pitch_and_channels_survive_every_container(tmp_path: Path, suffix: str) -> None:
     write_tone(tmp_path / f"lr{suffix}", 2.0, 44100)
