@@ -43,9 +43,11 @@ def fresh_dynamo():
     functorch_config.activation_memory_budget = budget
 
 
-def _tiny_qwen3(attention: str = "sdpa", checkpointed: int = 0, layers: int = 2):
-    """A 32-wide Qwen3 with LoRA r4 on q/k/v/o/gate/up/down (B != 0, so every factor gets a
-    gradient), in training mode."""
+def _tiny_qwen3(
+    attention: str = "sdpa", checkpointed: int = 0, layers: int = 2, kind: str = "lora"
+):
+    """A 32-wide Qwen3 with LoRA r4 (or LoKR, factor 4) on q/k/v/o/gate/up/down (nonzero
+    factors, so every one gets a gradient), in training mode."""
     torch.manual_seed(0)
     config = Qwen3Config(
         vocab_size=VOCAB,
@@ -60,7 +62,8 @@ def _tiny_qwen3(attention: str = "sdpa", checkpointed: int = 0, layers: int = 2)
     config._attn_implementation = "sdpa"
     model = Qwen3ForCausalLM(config).float()
     targets = adapters.LM_ATTENTION_TARGETS + adapters.MLP_TARGETS
-    adapters.inject(model, AdapterSpec(kind="lora", rank=4, alpha=8, targets=targets))
+    spec = AdapterSpec(kind=kind, rank=4, alpha=8, factor=4, targets=targets)
+    adapters.inject(model, spec)
     generator = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for param in adapters.adapter_parameters(model).values():
@@ -111,6 +114,54 @@ def test_a_lora_decoder_layer_compiles_to_one_graph(attention, checkpointed):
     reasons = [str(b.reason).splitlines()[0] for b in report.break_reasons]
     assert report.graph_break_count == 0, reasons
     assert report.graph_count == 1
+
+
+@pytest.mark.parametrize("checkpointed", [0, 2], ids=["plain", "checkpointed"])
+def test_a_lokr_decoder_layer_with_merged_linears_is_one_graph_with_the_eager_gradients(
+    monkeypatch, checkpointed
+):
+    """LoKR's merged forward (`MergedKron`, the GPU's path for >= 1024 rows; the threshold is
+    lowered for this 51-token batch) in a decoder layer: no graph break, and compiled (aot_eager)
+    gives the eager output and adapter gradients."""
+    monkeypatch.setattr(adapters, "KRON_FORWARD", "merged")
+    monkeypatch.setattr(adapters, "KRON_MERGED_MIN_TOKENS", 1)
+    model = _tiny_qwen3("sdpa", checkpointed, kind="lokr")
+    batch = lm_data.collate(PACKED, ((0, 1),), pad_id=0, pad_multiple=64)
+    args, kwargs = _layer_inputs(model, batch)
+    layer = model.model.layers[1]
+    calls: list[int] = []
+    apply = adapters.MergedKron.apply
+    with monkeypatch.context() as patch, torch.no_grad():
+        patch.setattr(
+            adapters.MergedKron, "apply", staticmethod(lambda *a: calls.append(1) or apply(*a))
+        )
+        layer(*args, **kwargs)
+    assert len(calls) == 7  # q, k, v, o, gate, up, down
+    report = dynamo.explain(layer)(*args, **kwargs)
+    reasons = [str(b.reason).splitlines()[0] for b in report.break_reasons]
+    assert report.graph_break_count == 0, reasons
+    assert report.graph_count == 1
+
+    def run(call):
+        out = call(*args, **kwargs)
+        out = out[0] if isinstance(out, tuple) else out
+        probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
+        (out * probe).sum().backward()
+        grads = {  # layer 1's adapter: the only one this call reaches
+            k: p.grad.clone() for k, p in adapters.trainable_parameters(model) if p.grad is not None
+        }
+        model.zero_grad(set_to_none=True)
+        return out.detach(), grads
+
+    dynamo.reset()
+    eager_out, eager_grads = run(layer)
+    compiled = torch.compile(layer, backend="aot_eager", dynamic=False, fullgraph=True)
+    out, grads = run(compiled)
+    torch.testing.assert_close(out, eager_out, rtol=1e-5, atol=1e-6)
+    assert grads.keys() == eager_grads.keys() and len(eager_grads) >= 14  # w1 + w2 (or pairs) x 7
+    assert all(".layers.1." in f".{key}" and g.abs().sum() > 0 for key, g in eager_grads.items())
+    for key, eager in eager_grads.items():
+        torch.testing.assert_close(grads[key], eager, rtol=1e-5, atol=1e-7, msg=key)
 
 
 @torch.library.custom_op("hotstep_test::varlen_attn", mutates_args=())
