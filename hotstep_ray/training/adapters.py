@@ -311,8 +311,9 @@ class MergedKron(torch.autograd.Function):
     weight is rebuilt in the backward instead of kept (a weight-sized tensor per Linear).
 
     With dy viewed `[tokens, a, b]` and x `[tokens, c, d]`: dx = dy · W'; dw2 = scale ·
-    Σ_t M_tᵀ x_t for M = the w1ᵀ mix of dy `[tokens, c, b]`; dw1[i, j] = scale · Σ over tokens
-    and columns of dy_i · (x_j w2ᵀ), or of (dy_i w2) · x_j when a < c (the smaller GEMM)."""
+    Σ_t (w1ᵀ dy_t)ᵀ x_t, or Σ_t dy_tᵀ (w1 x_t) when a < c (the mix on the fewer row blocks);
+    dw1[i, j] = scale · Σ over tokens and columns of dy_i · (x_j w2ᵀ), or of (dy_i w2) · x_j
+    when a < c (the smaller GEMM)."""
 
     @staticmethod
     def forward(
