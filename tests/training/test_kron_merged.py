@@ -20,6 +20,20 @@ def short_inputs_merge(monkeypatch) -> None:
     monkeypatch.setattr(adapters, "KRON_MERGED_MIN_TOKENS", 1)
 
 
+@pytest.fixture
+def merged_calls(monkeypatch) -> list[torch.Tensor]:
+    """The input x of every `MergedKron` call (recorded, then the real Function runs)."""
+    seen: list[torch.Tensor] = []
+    apply = adapters.MergedKron.apply
+
+    def recording(x, *rest):
+        seen.append(x.detach())
+        return apply(x, *rest)
+
+    monkeypatch.setattr(adapters.MergedKron, "apply", staticmethod(recording))
+    return seen
+
+
 def _leaf(generator: torch.Generator, *shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True)
 
@@ -73,7 +87,7 @@ def _run(model, inputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     ids=["lokr", "low-rank-w1-and-w2"],
 )
 def test_merged_forward_gives_the_factored_model(
-    monkeypatch, make_toy, toy_inputs, randomize, spec
+    monkeypatch, merged_calls, make_toy, toy_inputs, randomize, spec
 ):
     """A toy model with LoKR in training mode, float32: the merged forward runs in every adapted
     Linear and gives the factored forward's output and adapter gradients (full and low-rank
@@ -84,14 +98,7 @@ def test_merged_forward_gives_the_factored_model(
     model = adapters.inject(make_toy(0), spec)
     randomize(model)
     model.train()
-    calls: list[torch.dtype] = []
-    apply = adapters.MergedKron.apply
-
-    def recording(x, *rest):
-        calls.append(x.dtype)
-        return apply(x, *rest)
-
-    monkeypatch.setattr(adapters.MergedKron, "apply", staticmethod(recording))
+    calls = merged_calls
     results = {}
     for forward in adapters.KRON_FORWARDS:
         monkeypatch.setattr(adapters, "KRON_FORWARD", forward)
@@ -108,26 +115,19 @@ def test_merged_forward_gives_the_factored_model(
 
 
 def test_merged_forward_under_autocast_and_where_it_steps_aside(
-    monkeypatch, make_toy, toy_inputs, randomize
+    monkeypatch, merged_calls, make_toy, toy_inputs, randomize
 ):
     """Under (CPU) bf16 autocast the merged Linear runs in bf16 and stays within bf16 rounding of
     the factored path; without autocast, mixed dtypes (a bf16 base, float32 factors) and rank
     dropout keep the factored path."""
     monkeypatch.setattr(adapters, "KRON_FORWARD", "merged")
-    calls: list[torch.dtype] = []
-    apply = adapters.MergedKron.apply
-
-    def recording(x, *rest):
-        calls.append(x.dtype)
-        return apply(x, *rest)
-
-    monkeypatch.setattr(adapters.MergedKron, "apply", staticmethod(recording))
+    calls = merged_calls
     model = adapters.inject(make_toy(0), LOKR)
     randomize(model)
     model.train()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out_m, grads_m = _run(model, toy_inputs)
-    assert calls and set(calls) == {torch.bfloat16}
+    assert calls and {x.dtype for x in calls} == {torch.bfloat16}
     monkeypatch.setattr(adapters, "KRON_FORWARD", "factored")
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out_f, grads_f = _run(model, toy_inputs)
@@ -162,7 +162,7 @@ def test_merged_forward_under_autocast_and_where_it_steps_aside(
 
 
 def test_a_bf16_fit_with_the_merged_forward_tracks_float32_like_the_factored_one(
-    monkeypatch, make_toy
+    monkeypatch, merged_calls, make_toy
 ):
     """The merged forward rounds W + ΔW to bf16 where the factored one rounds the sum of the two
     outputs. Fitting a toy model's LoKR (bf16 base, float32 masters, bf16 autocast, AdamW, 60
@@ -199,37 +199,25 @@ def test_a_bf16_fit_with_the_merged_forward_tracks_float32_like_the_factored_one
             losses.append(loss.item())
         return losses
 
-    calls: list[int] = []
-    apply = adapters.MergedKron.apply
-    monkeypatch.setattr(
-        adapters.MergedKron, "apply", staticmethod(lambda *args: calls.append(1) or apply(*args))
-    )
     reference = fit("factored", bf16=False)
-    assert calls == []
+    assert merged_calls == []
     deviation = {
         forward: sum(abs(a - b) / b for a, b in zip(fit(forward, True), reference, strict=True))
         / len(reference)
         for forward in adapters.KRON_FORWARDS
     }
-    assert calls  # the merged run took the merged path
+    assert merged_calls  # the merged run took the merged path
     assert reference[-1] < 0.9 * reference[0]  # the fit moves
     assert 0 < deviation["factored"] < 2e-3
     assert deviation["merged"] < 2 * deviation["factored"] + 2e-4, deviation
 
 
-def test_few_tokens_keep_the_factored_path(monkeypatch, make_toy, randomize):
+def test_few_tokens_keep_the_factored_path(monkeypatch, merged_calls, make_toy, randomize):
     """Below KRON_MERGED_MIN_TOKENS rows (a decode step) the merged Linear would rebuild every
     weight per token: those calls take the factored path, longer inputs the merged one; both
     give the same output."""
     monkeypatch.setattr(adapters, "KRON_MERGED_MIN_TOKENS", 64)
-    calls: list[int] = []
-    apply = adapters.MergedKron.apply
-
-    def recording(x, *rest):
-        calls.append(x.shape[0] * x.shape[1])
-        return apply(x, *rest)
-
-    monkeypatch.setattr(adapters.MergedKron, "apply", staticmethod(recording))
+    calls = merged_calls
     model = adapters.inject(make_toy(0), LOKR)
     randomize(model)
     generator = torch.Generator().manual_seed(2)
@@ -243,5 +231,5 @@ def test_few_tokens_keep_the_factored_path(monkeypatch, make_toy, randomize):
             want = model(x, context)
             monkeypatch.setattr(adapters, "KRON_FORWARD", "merged")
         assert (len(calls) > 0) == merged, tokens
-        assert all(rows == tokens for rows in calls)  # the context-side Linears have 5 rows
+        assert all(x.shape[:2] == (1, tokens) for x in calls)  # context-side Linears: 5 rows
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
