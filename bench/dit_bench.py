@@ -97,23 +97,10 @@ def parse_args() -> argparse.Namespace:
         help="LoKR w1-side mix",
     )
     parser.add_argument(
-        "--kron-compute",
-        default=adapters.KRON_COMPUTE,
-        choices=adapters.KRON_COMPUTES,
-        help="LoKR activations under autocast on the factored path (--kron-forward factored, "
-        "or inputs under KRON_MERGED_MIN_TOKENS rows): float32 masters' dtype or the autocast dtype",
-    )
-    parser.add_argument(
         "--kron-forward",
         default=adapters.KRON_FORWARD,
         choices=adapters.KRON_FORWARDS,
         help="LoKR: the factored path beside the base Linear, or one Linear on W + ΔW",
-    )
-    parser.add_argument(
-        "--kron-w1-grad",
-        default=adapters.KRON_W1_GRAD,
-        choices=adapters.KRON_W1_GRADS,
-        help="how the pointwise mixes compute the LoKR w1 gradient",
     )
     parser.add_argument(
         "--fold",
@@ -539,8 +526,6 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def main() -> int:
     args = parse_args()
     adapters.KRON_MIX = args.kron_mix  # before any LoKR forward (and before compiling)
-    adapters.KRON_W1_GRAD = args.kron_w1_grad
-    adapters.KRON_COMPUTE = args.kron_compute
     adapters.KRON_FORWARD = args.kron_forward
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True

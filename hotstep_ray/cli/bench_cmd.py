@@ -33,6 +33,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "label": ("label_bench.py", "Essentia analysis cost and actor scaling (CPU)"),
     "compile-check": ("dit_compile_check.py", "compiled vs eager DiT gradients"),
     "kernel-sweep": ("oobleck_kernel_sweep.py", "tiles of the VAE's Triton kernels (GPU)"),
+    "decode": ("decode_bench.py", "preprocessing's decode task and resampling per song (CPU)"),
 }
 
 app = typer.Typer(

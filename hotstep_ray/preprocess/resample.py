@@ -10,10 +10,10 @@ pitch is preserved to floating-point precision (no drift, no accumulated phase e
 
 The bank runs as GEMMs, not a strided `conv1d`: each phase's filter is nonzero on only ~2·half
 of the bank's `down + 2·half` taps (69 of 215 at 44.1 -> 48 kHz), so the phases are split into
-`PHASE_GROUPS` groups, each multiplying only the tap range its phases use. One 240 s stereo song
-at 44.1 kHz, one thread of this project's 2-core dev box: conv1d 0.45 s, 4 groups 0.19 s (same
-values to 2e-7; 1, 8 and 16 groups 0.31 / 0.24 / 0.38 s). A decode task runs on one CPU, so this
-is about how many CPU cores keep one GPU's encoder fed.
+`PHASE_GROUPS` groups, each multiplying only the tap range its phases use. One 240 s stereo
+song at 44.1 kHz on one thread (`bench/decode_bench.py`, docs/BENCHMARKS.md): the whole bank as
+one conv1d 0.47 s, 4 groups 0.21 s (1, 8, 16 groups: 0.34 / 0.26 / 0.39 s). A decode task runs
+on one CPU, so this sets how many CPU cores keep one GPU's encoder fed.
 
 Quality (defaults): 32 zero crossings each side, cutoff at 0.945 of the lower Nyquist, Kaiser
 beta 12 (~ 110 dB stopband). The kernel is computed in float64 and applied in float32.

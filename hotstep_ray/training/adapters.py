@@ -190,7 +190,7 @@ def lokr_alpha(shape: LokrShape, spec: AdapterSpec) -> float:
 # 2B: every attention projection and the MLP's down), else w2 first as "pointwise". Same math.
 # Measured (H200, 2B, LoKR 512, 6000 frames, batch 2, CUDA graphs; bench/dit_bench.py
 # --kron-mix; docs/BENCHMARKS.md, eighth device run): gemm 275.7 ms per step, ordered 214.2,
-# ordered with the "bmm" w1 gradient (KRON_W1_GRAD) 202.0. On the CPU the GEMM mix is the
+# ordered with the w1 gradient as a batched GEMM per token (`w1_grad`) 202.0. On the CPU the GEMM mix is the
 # faster (a tiny DiT layer on 2 cores: 285 vs 352 us per forward + backward, same section), so
 # "auto" picks "ordered" for CUDA tensors and "gemm" otherwise.
 KRON_MIX = "auto"
@@ -204,25 +204,6 @@ def kron_mix(x: torch.Tensor) -> str:
     return "ordered" if x.is_cuda else "gemm"
 
 
-# KronMix's w1 gradient, Σ over tokens and columns of dy[.., i, :] · h[.., j, :]: "gemm" as one
-# [a, tokens·b] @ [tokens·b, c] GEMM, which needs both operands copied into that layout first
-# (two transposed copies of an activation per adapted Linear); "bmm" as a batched GEMM of one
-# [a, b] @ [b, c] per token straight from the activations' own layout, then a float32 sum over
-# tokens. Same value; "bmm" measured faster (see KRON_MIX; bench/dit_bench.py --kron-w1-grad).
-KRON_W1_GRAD = "bmm"
-KRON_W1_GRADS = ("gemm", "bmm")
-# What LoKR's factored forward computes in under autocast (the CUDA trainer's bf16): "master"
-# casts each adapted input to the float32 master factors' dtype (peft's rule), so the w1 mix
-# reads and writes float32 activations and saves a float32 copy of the input for its backward,
-# and autocast then casts the mix's output back for the w2 GEMM; "autocast" runs the mix and
-# the GEMM on autocast-dtype activations with the factors cast to it (the rounding the GEMM
-# path already had). Gradients still reach the float32 masters. Without autocast both are
-# "master". H200, 2B LoKR 512 at 6000 frames, batch 2, CUDA graphs: "master" 202.35 ms per
-# step at 27.08 GiB reserved, "autocast" 197.89 ms at 26.15 GiB (bench/dit_bench.py
-# --kron-compute; docs/BENCHMARKS.md). The factored path only: the merged one (KRON_FORWARD)
-# always computes in the autocast dtype.
-KRON_COMPUTE = "autocast"
-KRON_COMPUTES = ("master", "autocast")
 # How `KronLinear` runs a trained LoKR: "factored" adds `kron_linear`'s output to the base
 # Linear's; "merged" runs one Linear with `W + scale · (w1 ⊗ w2)`, built per call (`MergedKron`).
 # Per adapted Linear, in base-GEMM units with f = max(a, c) (w1 [a, c]; 4 on most 2B layers):
@@ -267,9 +248,8 @@ def mix_rows(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 class KronMix(torch.autograd.Function):
-    """`mix_rows(h, w1)` with a backward that stays pointwise for h; the w1 gradient
-    (dw1[i, j] = Σ over every token and column of dy[.., i, :] · h[.., j, :]) as `KRON_W1_GRAD`
-    says: a batched GEMM per token then a sum, or one GEMM with K = tokens·b."""
+    """`mix_rows(h, w1)` with a backward that stays pointwise for h and gives w1's gradient by
+    `w1_grad`."""
 
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor, w1: torch.Tensor) -> torch.Tensor:
@@ -287,15 +267,21 @@ class KronMix(torch.autograd.Function):
 
 def w1_grad(dy: torch.Tensor, h: torch.Tensor, a: int, c: int) -> torch.Tensor:
     """`[a, c]`: Σ over every token and column of dy[.., i, :] · h[.., j, :], for dy viewed
-    `[tokens, a, b]` and h `[tokens, c, b]`, computed as `KRON_W1_GRAD` says."""
+    `[tokens, a, b]` and h `[tokens, c, b]`: one [a, b] @ [b, c] per token straight from the
+    activations' own layout, then a float32 sum over tokens. One GEMM with K = tokens·b needs
+    both operands copied into that layout first, and was slower (H200, 2B LoKR 512, batch 2:
+    202.0 vs 214.2 ms per step; docs/BENCHMARKS.md, eighth device run)."""
     b = h.shape[-1]
-    if KRON_W1_GRAD == "bmm":  # per token [a, b] @ [b, c], then the sum over tokens
-        per_token = torch.bmm(dy.reshape(-1, a, b), h.reshape(-1, c, b).transpose(1, 2))
-        wide = torch.promote_types(per_token.dtype, torch.float32)  # fp64 stays fp64
-        return per_token.sum(0, dtype=wide)
-    dy_rows = dy.reshape(-1, a, b).transpose(0, 1).reshape(a, -1)  # [a, tokens·b]
-    h_rows = h.reshape(-1, c, b).transpose(0, 1).reshape(c, -1)  # [c, tokens·b]
-    return dy_rows @ h_rows.t()
+    per_token = torch.bmm(dy.reshape(-1, a, b), h.reshape(-1, c, b).transpose(1, 2))
+    wide = torch.promote_types(per_token.dtype, torch.float32)  # fp64 stays fp64
+    return per_token.sum(0, dtype=wide)
+
+
+def _merged_weight(
+    weight: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """`weight + scale · (w1 ⊗ w2)`, the scale applied to the tiny w1, not the product."""
+    return weight + torch.kron(w1 * scale, w2)
 
 
 def _mix(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -308,7 +294,8 @@ def _mix(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 class MergedKron(torch.autograd.Function):
     """`F.linear(x, weight + scale · (w1 ⊗ w2), bias)` for a frozen `weight` `[a·b, c·d]`, with
     w1 `[a, c]`, w2 `[b, d]`, all in one dtype. Gradients for x, bias, w1 and w2; the merged
-    weight is rebuilt in the backward instead of kept (a weight-sized tensor per Linear).
+    weight is not saved for the backward, which builds it again (under torch.compile the
+    partitioner may still choose to keep it: `dit_vram` charges one copy per layer).
 
     With dy viewed `[tokens, a, b]` and x `[tokens, c, d]`: dx = dy · W'; dw2 = scale ·
     Σ_t (w1ᵀ dy_t)ᵀ x_t, or Σ_t dy_tᵀ (w1 x_t) when a < c (the mix on the fewer row blocks);
@@ -327,7 +314,7 @@ class MergedKron(torch.autograd.Function):
     ) -> torch.Tensor:
         ctx.save_for_backward(x, weight, w1, w2)
         ctx.scale = scale
-        return F.linear(x, weight + scale * torch.kron(w1, w2), bias)
+        return F.linear(x, _merged_weight(weight, w1, w2, scale), bias)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -336,7 +323,7 @@ class MergedKron(torch.autograd.Function):
         (a, c), (b, d) = w1.shape, w2.shape
         dx = dbias = dw1 = dw2 = None
         if ctx.needs_input_grad[0]:
-            dx = dy @ (weight + scale * torch.kron(w1, w2))  # [..., c·d]
+            dx = dy @ _merged_weight(weight, w1, w2, scale)  # [..., c·d]
         if ctx.needs_input_grad[2]:
             dbias = dy.reshape(-1, a * b).sum(0)
         rows, cols = dy.reshape(-1, a, b), x.reshape(-1, c, d)
@@ -393,7 +380,8 @@ def kron_linear(
 
 
 class KronLinear(PeftLoKrLinear):
-    """peft's LoKr Linear with the factored forward; merge/ΔW keep peft's materialised path."""
+    """peft's LoKr Linear with our forwards (`MergedKron`, or the factored `kron_linear`);
+    merge/ΔW keep peft's materialised path."""
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         """peft's forward without its module-dropout coin. In training peft gates every adapter
@@ -421,11 +409,13 @@ class KronLinear(PeftLoKrLinear):
         if self.training and self.rank_dropout[adapter_name]:
             return super()._get_delta_activations(adapter_name, input, *args, **kwargs)
         w1, w2 = self._factors(adapter_name)
-        compute = autocast_dtype(input.device.type) if KRON_COMPUTE == "autocast" else None
+        compute = autocast_dtype(input.device.type)
         if compute is not None:
             # Under autocast the GEMMs take `compute` operands anyway: keep the whole path there
             # (the w1 mix, what it saves for the backward) instead of float32 copies of every
-            # adapted input; the factors are cast once per call, as autocast would for a GEMM.
+            # adapted input (peft's rule); the factors are cast once per call, as autocast would
+            # for a GEMM. H200, 2B LoKR 512, 6000 frames, batch 2: 197.89 ms per step and 26.15
+            # GiB reserved against 202.35 ms and 27.08 GiB with float32 copies (ninth device run).
             x = input.to(compute)
             w1 = w1.to(compute)
             w2 = tuple(w.to(compute) for w in w2) if isinstance(w2, tuple) else w2.to(compute)

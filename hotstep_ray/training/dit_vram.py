@@ -10,7 +10,8 @@ are checkpointed, L condition tokens):
   keeps one moment, so it is over-charged by 4);
 - activations kept for backward, bf16, per token of a trained layer: `A = 13·H + 11·Dq + 5·Dkv
   + 7·I` elements plus the adapter's own intermediates (LoRA: r per module; LoKR: 2× the module
-  output on its factored path, none on its merged one), times B·N·(K − C); a checkpointed layer keeps only its input (1.5·H) and one layer's
+  output on its factored path, none on its merged one), times B·N·(K − C); merged LoKR adds one
+  bf16 copy of each trained layer's adapted weights (`_merged_weights`); a checkpointed layer keeps only its input (1.5·H) and one layer's
   full set is live while it is recomputed; plus per trained layer the cross-attention K/V of the
   condition (4·Dkv·L per sample) and the output head (~1 KB per frame);
 - masks: a padded micro-batch merges its key mask into a [B, 1, N, N] additive mask per
@@ -51,7 +52,8 @@ HEAD_BYTES_PER_FRAME = 1024  # prediction, target, noise, masks (fp32, 64 channe
 # torch.compile'd blocks save about half the activations (Inductor's partitioner recomputes the
 # cheap elementwise chains in backward). H200, measured peak minus weights and adapter, over the
 # model's activation term: 0.52-0.53 (2B and XL LoRA r64, 6000 frames, batch 1-2), 0.58 (2B 750
-# frames x 8; 2B LoKR 512). 0.65 keeps the model above every measurement, as for eager.
+# frames x 8; 2B LoKR 512, factored path). 0.65 keeps the model above every measurement, as for
+# eager.
 COMPILED_ACTIVATION_SHARE = 0.65
 
 
@@ -136,15 +138,21 @@ class DitDims:
         return stem + self.layers * self.layer_params()
 
 
+def targeted_linears(dims: DitDims, spec: AdapterSpec) -> list[tuple[str, int, int, str]]:
+    """`dims.linears` rows (name, in, out, side) that `spec`'s targets adapt in one layer."""
+    targets = {t.rsplit(".", 1)[-1] if t != "to_out.0" else t for t in spec.targets}
+    return [
+        row
+        for row in dims.linears(target_mlp=True)
+        if ("to_out.0" if row[0].endswith("to_out.0") else row[0].rsplit(".", 1)[-1]) in targets
+    ]
+
+
 def adapter_params(dims: DitDims, spec: AdapterSpec, trained_layers: int) -> int:
     """Trainable parameters of `spec` on the top `trained_layers` layers (LoRA r·(in+out); LoKR
     by LyCORIS's factor shapes)."""
     per_layer = 0
-    targets = {t.rsplit(".", 1)[-1] if t != "to_out.0" else t for t in spec.targets}
-    for name, fan_in, fan_out, _ in dims.linears(target_mlp=True):
-        leaf = "to_out.0" if name.endswith("to_out.0") else name.rsplit(".", 1)[-1]
-        if leaf not in targets:
-            continue
+    for _, fan_in, fan_out, _ in targeted_linears(dims, spec):
         if spec.kind == "lora":
             per_layer += spec.rank * (fan_in + fan_out)
             continue
@@ -178,36 +186,27 @@ class Estimate:
         return {key: round(value / GB, 3) for key, value in asdict(self).items()}
 
 
-def _adapter_act_elements(dims: DitDims, spec: AdapterSpec, rows: int) -> int:
-    """Extra saved elements per token per trained layer from the adapter's own matmuls, for a
-    micro-batch of `rows` tokens (all samples): LoRA keeps its r-wide hidden per module; LoKR's
-    factored path two module outputs, its merged Linear (`adapters.kron_merges`) nothing beyond
-    the input the block's own count already holds."""
-    token_rows = [r for r in dims.linears(True) if r[3] == "token"]
-    targets = {t.rsplit(".", 1)[-1] if t != "to_out.0" else t for t in spec.targets}
-    modules = [
-        r
-        for r in token_rows
-        if ("to_out.0" if r[0].endswith("to_out.0") else r[0].rsplit(".", 1)[-1]) in targets
-    ]
+def _adapter_act_elements(dims: DitDims, spec: AdapterSpec, merged: bool) -> int:
+    """Extra elements per token per trained layer that the adapter keeps beyond the block's own
+    count: LoRA its r-wide hidden per module; LoKR's factored path two module outputs, its merged
+    Linear (`merged`: `adapters.kron_merges`) nothing per token, but see `_merged_weights`."""
+    modules = [row for row in targeted_linears(dims, spec) if row[3] == "token"]
     if spec.kind == "lora":
         return spec.rank * len(modules)
-    if kron_merges(rows):
-        return 0
-    return sum(2 * fan_out for _, _, fan_out, _ in modules)
+    return 0 if merged else sum(2 * fan_out for _, _, fan_out, _ in modules)
 
 
-def _adapted_weight_elements(dims: DitDims, spec: AdapterSpec) -> int:
-    """Elements of one layer's adapted base weights. The merged LoKR forward builds a bf16
-    `W + ΔW` per adapted Linear; the model charges one such copy of every adapted weight of the
-    trained layers as if kept for the backward. Measured (H200, 2B LoKR 512, 6000 frames, CUDA
-    graphs, reserved): merged 14.0 GiB at batch 1 and 20.88 at batch 2, 1.8 and 0.5 GiB above
-    LoRA r64 at the same shapes; what holds that memory was not profiled."""
-    targets = {t.rsplit(".", 1)[-1] if t != "to_out.0" else t for t in spec.targets}
+def _merged_weights(dims: DitDims, spec: AdapterSpec) -> int:
+    """Elements of one layer's token-side adapted weights (the condition-side K/V see fewer
+    rows than `adapters.KRON_MERGED_MIN_TOKENS` and stay factored). The merged LoKR forward
+    builds a bf16 `W + ΔW` per adapted Linear, and the model charges one such copy per trained
+    layer as if kept for the backward: the measured merged peaks (H200, 2B LoKR 512, 6000
+    frames, CUDA graphs, reserved: 14.0 GiB at batch 1, 20.88 at batch 2) sit 1.8 and 0.5 GiB
+    above LoRA r64's at the same shapes, and what holds that memory was not profiled."""
     return sum(
         fan_in * fan_out
-        for name, fan_in, fan_out, _ in dims.linears(True)
-        if ("to_out.0" if name.endswith("to_out.0") else name.rsplit(".", 1)[-1]) in targets
+        for _, fan_in, fan_out, side in targeted_linears(dims, spec)
+        if side == "token"
     )
 
 
@@ -218,15 +217,16 @@ def estimate(
     blocks run torch.compile'd (`COMPILED_ACTIVATION_SHARE` of the layer activations)."""
     tokens = math.ceil(plan.crop_frames / dims.patch) * plan.batch
     h, q, kv, i = dims.hidden, dims.q_dim, dims.kv_dim, dims.intermediate
-    full = 13 * h + 11 * q + 5 * kv + 7 * i + _adapter_act_elements(dims, spec, tokens)
+    merged = spec.kind == "lokr" and kron_merges(tokens)
+    full = 13 * h + 11 * q + 5 * kv + 7 * i + _adapter_act_elements(dims, spec, merged)
     kept = plan.trained_layers - plan.ckpt_layers
     per_token = kept * full + plan.ckpt_layers * 1.5 * h + (full if plan.ckpt_layers else 0)
     condition = plan.trained_layers * 4 * kv * plan.condition_len * plan.batch
     head = HEAD_BYTES_PER_FRAME * plan.crop_frames * plan.batch
     share = COMPILED_ACTIVATION_SHARE if compiled else 1.0
     activations = ACT_BYTES * (share * tokens * per_token + condition) + head
-    if spec.kind == "lokr" and kron_merges(tokens):
-        activations += ACT_BYTES * _adapted_weight_elements(dims, spec) * plan.trained_layers
+    if merged:
+        activations += ACT_BYTES * _merged_weights(dims, spec) * plan.trained_layers
     n = math.ceil(plan.crop_frames / dims.patch)
     masks = ACT_BYTES * plan.batch * n * n * plan.trained_layers if padded and plan.batch > 1 else 0
     weights = 2.0 * dims.transformer_params()
@@ -447,13 +447,10 @@ def step_flops(
     sliding = (dims.layers + 1) // 2  # layers 0, 2, 4, ... (the official layer_types rule)
     pairs = sliding * sliding_pairs + (dims.layers - sliding) * n * n + dims.layers * n * cond
     attn_fwd = 4.0 * q * pairs
-    targets = {t.rsplit(".", 1)[-1] if t != "to_out.0" else t for t in spec.targets}
     adapter_layer = 0.0
-    for name, fan_in, fan_out, side in dims.linears(target_mlp=True):
-        leaf = "to_out.0" if name.endswith("to_out.0") else name.rsplit(".", 1)[-1]
-        if leaf in targets:
-            tokens = n if side == "token" else cond
-            adapter_layer += tokens * _adapter_flops_per_token(fan_in, fan_out, spec)
+    for _, fan_in, fan_out, side in targeted_linears(dims, spec):
+        tokens = n if side == "token" else cond
+        adapter_layer += tokens * _adapter_flops_per_token(fan_in, fan_out, spec)
     adapter_fwd = trained * adapter_layer
     model = batch * (fwd_lin + bwd_lin + 3 * attn_fwd + 3 * adapter_fwd)
     share = ckpt_layers / dims.layers

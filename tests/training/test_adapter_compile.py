@@ -15,14 +15,14 @@ from hotstep_ray.models.acestep_ops import TrainBatch
 from hotstep_ray.training import adapters, dit_loss
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "acestep15-tiny" / "checkpoint"
-# id -> (adapter kind, KRON_MIX, KRON_W1_GRAD, KRON_FORWARD): the CPU's and CUDA's defaults
-# ("auto": gemm / ordered + bmm), and the merged forward. The pointwise mixes share KronMix,
-# whose values and gradients test_adapters checks for every mode.
+# id -> (adapter kind, KRON_MIX, KRON_FORWARD): the CPU's and CUDA's factored defaults ("auto":
+# gemm / ordered), and the merged forward. The pointwise mixes share KronMix, whose values and
+# gradients test_adapters checks for every mode.
 CASES = {
-    "lora": ("lora", "gemm", "gemm", "factored"),
-    "lokr-gemm": ("lokr", "gemm", "gemm", "factored"),
-    "lokr-ordered-bmm": ("lokr", "ordered", "bmm", "factored"),
-    "lokr-merged": ("lokr", "ordered", "bmm", "merged"),
+    "lora": ("lora", "gemm", "factored"),
+    "lokr-gemm": ("lokr", "gemm", "factored"),
+    "lokr-ordered": ("lokr", "ordered", "factored"),
+    "lokr-merged": ("lokr", "ordered", "merged"),
 }
 
 
@@ -86,9 +86,8 @@ def loss_and_grads(
 def test_adapted_block_is_one_graph_with_the_eager_gradients(
     case: str, single_thread, monkeypatch
 ) -> None:
-    kind, mix, w1_grad, forward = CASES[case]
+    kind, mix, forward = CASES[case]
     monkeypatch.setattr(adapters, "KRON_MIX", mix)  # read at trace time
-    monkeypatch.setattr(adapters, "KRON_W1_GRAD", w1_grad)
     monkeypatch.setattr(adapters, "KRON_FORWARD", forward)
     monkeypatch.setattr(adapters, "KRON_MERGED_MIN_TOKENS", 1)  # the block holds 12-16 tokens
     block, inputs = block_and_inputs(kind)

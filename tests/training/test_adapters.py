@@ -220,29 +220,26 @@ def test_pointwise_kron_mixes_give_the_gemm_path_values_and_gradients(
     upstream = torch.randn(2, 7, a * 3, generator=generator, dtype=torch.float64)
     results = {}
     for mode in adapters.KRON_MIXES:
-        for w1_grad in adapters.KRON_W1_GRADS:
-            monkeypatch.setattr(adapters, "KRON_MIX", mode)
-            monkeypatch.setattr(adapters, "KRON_W1_GRAD", w1_grad)
-            y = adapters.kron_linear(x, w1, w2, 0.7)
-            grads = torch.autograd.grad((y * upstream).sum(), [x, *weights])
-            results[mode, w1_grad] = (y.detach(), grads)
-    y_gemm, g_gemm = results.pop(("gemm", "gemm"))
+        monkeypatch.setattr(adapters, "KRON_MIX", mode)
+        y = adapters.kron_linear(x, w1, w2, 0.7)
+        grads = torch.autograd.grad((y * upstream).sum(), [x, *weights])
+        results[mode] = (y.detach(), grads)
+    y_gemm, g_gemm = results.pop("gemm")
     reference = F.linear(x.detach(), torch.kron(w1, w2[0] @ w2[1] if factored_w2 else w2) * 0.7)
     torch.testing.assert_close(y_gemm, reference.detach(), rtol=1e-12, atol=1e-12)
-    assert {mode for mode, _ in results} == {"gemm", "pointwise", "ordered"}
-    assert {grad for _, grad in results} == {"gemm", "bmm"}
+    assert set(results) == {"pointwise", "ordered"}
     for y_mode, g_mode in results.values():
         torch.testing.assert_close(y_mode, y_gemm, rtol=1e-12, atol=1e-12)
         for got, want in zip(g_mode, g_gemm, strict=True):
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
-def test_lokr_under_autocast_keeps_the_autocast_dtype_when_asked(
+def test_factored_lokr_under_autocast_keeps_the_autocast_dtype(
     monkeypatch, make_toy, toy_inputs, randomize
 ):
-    """KRON_COMPUTE "autocast": under (CPU) bf16 autocast the w1 mix sees bf16 activations and
-    factors, not float32 copies; the output and the float32 masters' gradients stay within bf16
-    rounding of the "master" path's. Outside autocast both paths are the same float32 math."""
+    """The factored path under (CPU) bf16 autocast: the w1 mix sees bf16 activations and
+    factors, not float32 copies (peft's rule, measured slower on the H200); the output and the
+    float32 masters' gradients stay within bf16 rounding of the float32 run's."""
     seen: list[torch.dtype] = []
     mix = adapters.KronMix.apply
 
@@ -258,31 +255,21 @@ def test_lokr_under_autocast_keeps_the_autocast_dtype_when_asked(
     randomize(model)
     model.train()
     results = {}
-    for compute in adapters.KRON_COMPUTES:
-        monkeypatch.setattr(adapters, "KRON_COMPUTE", compute)
-        for autocast in (False, True):
-            seen.clear()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                out = model(*toy_inputs).float()
-            out.square().mean().backward()
-            grads = {n: p.grad.clone() for n, p in adapters.trainable_parameters(model)}
-            model.zero_grad(set_to_none=True)
-            assert seen, "no LoKR layer ran the w1 mix"
-            want = torch.bfloat16 if autocast and compute == "autocast" else torch.float32
-            assert set(seen) == {want}, (compute, autocast)
-            assert all(g.dtype == torch.float32 for g in grads.values())  # the masters' grads
-            results[compute, autocast] = (out.detach(), grads)
-    # without autocast: identical math
-    out_m, grads_m = results["master", False]
-    out_a, grads_a = results["autocast", False]
-    assert torch.equal(out_m, out_a)
-    assert all(torch.equal(grads_m[k], grads_a[k]) for k in grads_m)
-    # under autocast: bf16 rounding apart, and both near the float32 run
-    out_m, grads_m = results["master", True]
-    out_a, grads_a = results["autocast", True]
-    assert _rel(out_a, out_m) < 1e-2 and _rel(out_a, results["master", False][0]) < 2e-2
-    for key, want in grads_m.items():
-        assert _rel(grads_a[key], want) < 0.05, key
+    for autocast in (False, True):
+        seen.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = model(*toy_inputs).float()
+        out.square().mean().backward()
+        grads = {n: p.grad.clone() for n, p in adapters.trainable_parameters(model)}
+        model.zero_grad(set_to_none=True)
+        assert seen, "no LoKR layer ran the w1 mix"
+        assert set(seen) == {torch.bfloat16 if autocast else torch.float32}, autocast
+        assert all(g.dtype == torch.float32 for g in grads.values())  # the masters' grads
+        results[autocast] = (out.detach(), grads)
+    (out_f, grads_f), (out_b, grads_b) = results[False], results[True]
+    assert 0 < _rel(out_b, out_f) < 2e-2  # bf16 rounding, and not the float32 run itself
+    for key, want in grads_f.items():
+        assert _rel(grads_b[key], want) < 0.05, key
 
 
 def test_auto_kron_mix_is_ordered_on_cuda_and_gemm_elsewhere(monkeypatch):
