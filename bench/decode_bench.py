@@ -57,7 +57,9 @@ def whole_bank(audio: torch.Tensor, orig: int, new: int) -> torch.Tensor:
     periods = math.ceil(out_length / up)
     right = max(0, (periods - 1) * down + bank.shape[-1] - half - audio.shape[1])
     padded = torch.nn.functional.pad(audio.unsqueeze(1), (half, right))
-    phases = torch.nn.functional.conv1d(padded, bank.float(), stride=down)[..., :periods]
+    phases = torch.nn.functional.conv1d(padded, bank.float().unsqueeze(1), stride=down)[
+        ..., :periods
+    ]
     return phases.transpose(1, 2).reshape(audio.shape[0], -1)[:, :out_length]
 
 

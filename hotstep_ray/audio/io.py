@@ -1,4 +1,4 @@
-"""Audio in and out: probe a header, decode to float32 `[C, T]`, write WAV/FLAC.
+"""Audio in and out: probe a header, decode to float32 `[C, T]`, encode to file bytes.
 
 soundfile (libsndfile 1.2.2) reads WAV, FLAC, OGG/Vorbis/Opus and MP3; `.m4a`/`.aac` need an external
 decoder and are reported as unreadable rather than guessed at.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import soundfile as sf
@@ -56,12 +55,6 @@ def load_audio(storage: Storage, key: str, max_duration_s: float = 0.0) -> tuple
     except Exception as exc:
         raise InputError(f"cannot decode audio {storage.url_of(key)}: {exc}") from exc
     return np.ascontiguousarray(data.T), int(rate)
-
-
-def write_audio(path: str | Path, audio: np.ndarray, sample_rate_hz: int, subtype: str = "PCM_16"):
-    """Write `[C, T]` float audio to WAV/FLAC (format from the suffix), clipping to [-1, 1]."""
-    data = np.clip(np.asarray(audio, dtype=np.float32), -1.0, 1.0).T
-    sf.write(str(path), data, sample_rate_hz, subtype=subtype)
 
 
 # Frames per write call. libsndfile's Vorbis encoder (the bundled 1.2.2) crashes the process on

@@ -53,6 +53,7 @@ from hotstep_ray.models.text_models import (
     encode_captions,
     load_text_encoder,
     load_vae,
+    to_device,
 )
 from hotstep_ray.preprocess.dit_parts import DitEncoders, load_dit_encoders
 from hotstep_ray.preprocess.items import (
@@ -212,15 +213,13 @@ class Encoder:
         # Nothing here waits for the GPU: the VAE's windows are queued, the noise is drawn on the
         # CPU meanwhile and crosses in pinned memory without a sync, so the caller's next stage
         # (the conditions) launches its work while the VAE still runs.
-        pinned = self.device.type == "cuda"
         out = []
         for item, (mean, std) in zip(items, moments, strict=True):
             generator = torch.Generator().manual_seed(
                 noise_seed(self.settings.seed, item.sample_id)
             )
-            # the same draw as torch.randn(mean.shape, generator=generator)
-            noise = torch.empty(mean.shape, pin_memory=pinned).normal_(generator=generator)
-            out.append(mean + std * noise.to(mean.device, non_blocking=pinned))
+            noise = to_device(torch.randn(mean.shape, generator=generator), mean.device)
+            out.append(mean + std * noise)
         return out
 
     def codes(
@@ -350,10 +349,10 @@ class Encoder:
         return latents, conds, genre, codes
 
     @torch.no_grad()
-    def encode(self, items: Sequence[EncodeItem]) -> list[EncodedSample]:
+    def encode(self, items: Sequence[EncodeItem], check_finite: bool = True) -> list[EncodedSample]:
         """Encode a batch (callers group similar lengths). Raises on any failure; `encode_safe`
-        isolates failing samples."""
-        latents, conds, genre, codes = self.encode_tensors(items)
+        isolates failing samples. `check_finite`: see `encode_tensors`."""
+        latents, conds, genre, codes = self.encode_tensors(items, check_finite)
         rows = len(items)
         genre_rows = sorted(genre)
         # Every result crosses in one go: queued copies, one wait (see `to_host`); the CPU
@@ -367,16 +366,17 @@ class Encoder:
             for z in latents
         ]
         wait_for_host(self.device)
+        host_latents, host_states, host_codes = host[:rows], host[rows : 2 * rows], host[2 * rows :]
         host_genre = dict(zip(genre_rows, host[3 * rows :], strict=True))
         out = []
         for index, item in enumerate(items):
             _, s_text, s_lyric = conds[index]
             sample = EncodedSample(
                 sample_id=item.sample_id,
-                target_latents=host[index],
+                target_latents=host_latents[index],
                 context_latents=contexts[index],
-                encoder_hidden_states=host[rows + index],
-                audio_codes=host[2 * rows + index],
+                encoder_hidden_states=host_states[index],
+                audio_codes=host_codes[index],
                 s_text=s_text,
                 s_lyric=s_lyric,
             )

@@ -36,7 +36,7 @@ KAISER_BETA = 12.0
 def _filter_bank(
     up: int, down: int, zero_crossings: int, rolloff: float, beta: float
 ) -> tuple[torch.Tensor, int]:
-    """([up, 1, down + 2 * half] float64 kernel, half) for a reduced ratio up / down.
+    """([up, down + 2 * half] float64 kernel, half) for a reduced ratio up / down.
 
     Output y[q * up + i] (i = 0..up-1) is centred at input position q * down + i * down / up;
     tap t of phase i multiplies input x[q * down + t - half], so its filter argument is
@@ -54,7 +54,7 @@ def _filter_bank(
     )
     window = torch.where(arg.abs() <= half, window, torch.zeros_like(window))
     kernel = cutoff * torch.sinc(cutoff * arg) * window  # unity DC gain per phase (approx.)
-    return kernel.unsqueeze(1), half
+    return kernel, half
 
 
 def resample(
@@ -84,14 +84,13 @@ def resample(
     out_length = math.ceil(length * up / down)
     if length == 0:
         return audio.new_zeros(channels, 0)
-    kernel, half = _filter_bank(up, down, zero_crossings, float(rolloff), float(beta))
-    taps = kernel.shape[-1]
+    half, taps, groups = _phase_groups(up, down, zero_crossings, float(rolloff), float(beta))
     periods = math.ceil(out_length / up)  # outputs needed per phase
     # Left pad so tap 0 of period 0 reads x[-half]; right pad so the last period is complete.
     right = max(0, (periods - 1) * down + taps - half - length)
     padded = torch.nn.functional.pad(audio, (half, right)).contiguous()  # [C, T']
     out = audio.new_empty(channels, periods, up)  # period q, phase i -> output q * up + i
-    for first, last, lo, hi, weights in _phase_groups(up, down, zero_crossings, rolloff, beta):
+    for first, last, lo, hi, weights in groups:
         for channel in range(channels):
             row = padded[channel]
             # [periods, hi - lo] view: row q holds the taps lo..hi-1 of period q (no copy)
@@ -103,12 +102,12 @@ def resample(
 @lru_cache(maxsize=16)
 def _phase_groups(
     up: int, down: int, zero_crossings: int, rolloff: float, beta: float
-) -> tuple[tuple[int, int, int, int, torch.Tensor], ...]:
-    """(first phase, end phase, first tap, end tap, float32 weights [taps, phases]) per group of
-    `PHASE_GROUPS` consecutive phases: the union of the group's nonzero taps and its filters
-    restricted to them, transposed for `windows @ weights`."""
-    kernel, _ = _filter_bank(up, down, zero_crossings, rolloff, beta)
-    bank = kernel[:, 0]  # [up, taps] float64
+) -> tuple[int, int, tuple[tuple[int, int, int, int, torch.Tensor], ...]]:
+    """(half, the bank's taps, groups): `PHASE_GROUPS` groups of consecutive phases, each
+    (first phase, end phase, first tap, end tap, float32 weights [taps, phases]): the union of
+    the group's nonzero taps and its filters restricted to them, transposed for
+    `windows @ weights`."""
+    bank, half = _filter_bank(up, down, zero_crossings, rolloff, beta)  # [up, taps] float64
     size = -(-up // min(up, PHASE_GROUPS))
     groups = []
     for first in range(0, up, size):
@@ -117,4 +116,4 @@ def _phase_groups(
         lo, hi = int(used[0]), int(used[-1]) + 1
         weights = bank[first:last, lo:hi].t().to(torch.float32).contiguous()
         groups.append((first, last, lo, hi, weights))
-    return tuple(groups)
+    return half, bank.shape[1], tuple(groups)

@@ -91,17 +91,16 @@ class SongUploads:
         if not self.staged:
             self.songs = [a.to(device=device, dtype=dtype, non_blocking=True) for a in audios]
             return
-        self.audios = audios
+        self.audios: list[torch.Tensor | None] = list(audios)  # None once sent
         self.songs = [torch.empty(a.shape, device=device, dtype=dtype) for a in audios]
-        self.sent = [False] * len(audios)
         self.main = torch.cuda.current_stream(device)
         self.side = torch.cuda.Stream(device)
         self.side.wait_stream(self.main)  # the new buffers' blocks may be read by queued work
 
     def get(self, song: int) -> torch.Tensor:
         """Song `song` on the device ([2, S], VAE dtype), sent first if it was not yet."""
-        if self.staged and not self.sent[song]:
-            audio = self.audios[song]
+        audio = self.audios[song] if self.staged else None
+        if audio is not None:
             host = torch.empty(audio.shape, dtype=self.dtype, pin_memory=True)
             host.copy_(audio)  # the dtype conversion, on the CPU while the GPU works
             target = self.songs[song]
@@ -109,7 +108,7 @@ class SongUploads:
                 target.copy_(host, non_blocking=True)
             target.record_stream(self.side)  # freed later on the compute stream: wait for both
             self.main.wait_stream(self.side)
-            self.sent[song] = True
+            self.audios[song] = None
         return self.songs[song]
 
 

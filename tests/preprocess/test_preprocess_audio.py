@@ -76,7 +76,7 @@ def test_grouped_phases_equal_the_whole_filter_bank(orig: int, new: int, length:
     periods = math.ceil(out_length / up)
     right = max(0, (periods - 1) * down + bank.shape[-1] - half - length)
     padded = torch.nn.functional.pad(x.unsqueeze(1), (half, right))
-    whole = torch.nn.functional.conv1d(padded, bank, stride=down)[..., :periods]  # [2, up, P]
+    whole = torch.nn.functional.conv1d(padded, bank.unsqueeze(1), stride=down)[..., :periods]
     want = whole.transpose(1, 2).reshape(2, -1)[:, :out_length]
     got = resample(x, orig, new)
     assert got.shape == want.shape == (2, out_length)
