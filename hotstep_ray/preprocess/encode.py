@@ -23,7 +23,7 @@ Memory: the fast VAE's CUDA graphs allocate from their own pool; every other sta
 caching allocator, which keeps each stage's freed blocks reserved while the next stage asks for
 other sizes. With `EncoderSettings.release_cache_between_stages` (default: on unless the
 allocator runs expandable segments, as GPU encoder processes do) `encode` returns the unused
-blocks after the VAE and after the codes stage, so the stages do not each keep their own
+blocks after the VAE and conditions and after the codes stage, so the stages do not each keep their own
 (`release_cached_blocks`, shared with the fast VAE's graph capture).
 `EncoderSettings.memory_cap_gib` caps the allocator per process (`apply_memory_cap`).
 
@@ -298,8 +298,8 @@ class Encoder:
 
     # -- one batch ---------------------------------------------------------------------------
     def release_between_stages(self) -> None:
-        """After a stage whose working set the next one does not reuse (`encode` calls it after
-        the VAE and the codes stages; see `release_cached_blocks`)."""
+        """After a stage whose working set the next one does not reuse (`encode_tensors` calls it
+        after the VAE and conditions, and after the codes; see `release_cached_blocks`)."""
         if self.release_cache:
             release_cached_blocks(self.device)
 
@@ -343,7 +343,7 @@ class Encoder:
             for item, ok in zip(items, finite.tolist(), strict=True):  # one sync
                 if not ok:
                     raise FloatingPointError(f"{item.sample_id}: VAE latents contain NaN or Inf")
-        self.release_between_stages()  # the VAE's non-graph blocks (audio, windows, moments)
+        self.release_between_stages()  # the VAE's non-graph and the conditions' blocks
         codes = self.codes(latents)
         self.release_between_stages()  # the float32 tokenizer's blocks, before the next batch's VAE
         return latents, conds, genre, codes

@@ -107,3 +107,20 @@ def randomize() -> Callable[..., None]:
                 param.copy_(torch.randn(param.shape, generator=generator) * std)
 
     return fill
+
+
+@pytest.fixture
+def merged_calls(monkeypatch) -> list[torch.Tensor]:
+    """The input x of every LoKR `MergedKron` call (recorded, then the real Function runs).
+    Eager only: a compiled region would trace the recording."""
+    from hotstep_ray.training import adapters
+
+    seen: list[torch.Tensor] = []
+    apply = adapters.MergedKron.apply
+
+    def recording(x, *rest):
+        seen.append(x.detach())
+        return apply(x, *rest)
+
+    monkeypatch.setattr(adapters.MergedKron, "apply", staticmethod(recording))
+    return seen

@@ -141,20 +141,13 @@ LOKR_OPTIONS = {"adapter_type": "lokr", "lokr_dim": 8, "lokr_alpha": 4, "lokr_fa
     ids=["lora", "lokr", "lokr-merged"],
 )
 def test_export_reload_reproduces_the_trainers_loss(
-    storage, tiny_dit_dir, single_thread, monkeypatch, overrides, merged
+    storage, tiny_dit_dir, single_thread, monkeypatch, merged_calls, overrides, merged
 ) -> None:
     # The tiny DiT's inputs hold fewer rows than KRON_MERGED_MIN_TOKENS, so "lokr" trains on the
     # factored path; "lokr-merged" lowers the threshold so training and the reload run LoKR's
     # merged Linear, the GPU's path.
-    merged_calls: list[int] = []
     if merged:
         monkeypatch.setattr(adapters, "KRON_MERGED_MIN_TOKENS", 1)
-        apply = adapters.MergedKron.apply
-        monkeypatch.setattr(
-            adapters.MergedKron,
-            "apply",
-            staticmethod(lambda *args: merged_calls.append(1) or apply(*args)),
-        )
     run, result = run_training(storage, tiny_dit_dir, fast_options(epochs=4, **overrides))
     assert bool(merged_calls) == merged
     assert result.saved_reason == "best"  # the best ma5 epoch's adapter, exported as it came

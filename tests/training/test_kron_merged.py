@@ -20,20 +20,6 @@ def short_inputs_merge(monkeypatch) -> None:
     monkeypatch.setattr(adapters, "KRON_MERGED_MIN_TOKENS", 1)
 
 
-@pytest.fixture
-def merged_calls(monkeypatch) -> list[torch.Tensor]:
-    """The input x of every `MergedKron` call (recorded, then the real Function runs)."""
-    seen: list[torch.Tensor] = []
-    apply = adapters.MergedKron.apply
-
-    def recording(x, *rest):
-        seen.append(x.detach())
-        return apply(x, *rest)
-
-    monkeypatch.setattr(adapters.MergedKron, "apply", staticmethod(recording))
-    return seen
-
-
 def _leaf(generator: torch.Generator, *shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True)
 
