@@ -47,7 +47,7 @@ from hotstep_ray.core.contracts import LATENT_HZ, TrainDitOptions  # noqa: E402
 from hotstep_ray.core.storage import Storage  # noqa: E402
 from hotstep_ray.models import full_configs as fc  # noqa: E402
 from hotstep_ray.models.tiny_dit import tiny_config  # noqa: E402
-from hotstep_ray.training import adapters, dit, dit_data, dit_vram  # noqa: E402
+from hotstep_ray.training import adapters, dit, dit_data, dit_vram, optim  # noqa: E402
 
 GIB = 1024**3
 CONDITION_TOKENS = 769
@@ -117,6 +117,22 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=8, help="timed steps per row")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--time-budget-s", type=float, default=540.0)
+    parser.add_argument(
+        "--muon-ns",
+        default="auto",
+        choices=("auto", *optim.NS_PRECISIONS),
+        help="Muon's Newton-Schulz precision (auto: tf32 on CUDA)",
+    )
+    parser.add_argument(
+        "--optimizer-time",
+        action="store_true",
+        help="add each row's update time alone (clip + optimizer step on random gradients)",
+    )
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="gc.freeze() after the warm-up steps (the timed steps' collections skip old objects)",
+    )
     parser.add_argument("--profile", action="store_true", help="kernel count of one batch-1 step")
     parser.add_argument("--tiny", action="store_true", help="tiny model (dry run of the script)")
     parser.add_argument("--device", default="cuda")
@@ -169,6 +185,7 @@ def build_group(
         grad_accum=1,
         checkpoint_segments={"off": 0, "auto": 1, "all": 32}[args.ckpt],
         optimizer=args.optimizer,
+        muon_ns_precision=args.muon_ns,
         init_adapter="",
         epochs=1000,
         compile="off" if compile_mode == "none" else compile_mode,  # the trainer's own path
@@ -286,6 +303,10 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
     upcoming = window if args.prefetch else None
     losses = [dit.optimizer_step(run, window, upcoming).loss for _ in range(args.warmup)]
     synchronize(device)
+    if args.gc_freeze:  # the objects alive after warm-up (models, compiled graphs) leave the GC
+        gc.collect()
+        gc.freeze()
+    collections = GcTimer()
     if device.type == "cuda":
         torch.cuda.empty_cache()  # so the reserved peak is this row's, not an earlier row's
         torch.cuda.reset_peak_memory_stats(device)
@@ -298,6 +319,9 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
         times.append((time.perf_counter() - started) * 1000)
         finite = finite and result.finite
         losses.append(result.loss)
+    collections.stop()
+    if args.gc_freeze:
+        gc.unfreeze()
     median = statistics.median(times)
     flops = dit_vram.step_flops(
         run.dims,
@@ -323,12 +347,39 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
         "est_gib": round(run.fit.estimate.total / GIB, 2),
         "finite": finite,
         "losses": [round(loss, 6) for loss in losses],
+        "gc": collections.summary(),
     }
     if device.type == "cuda":
         row["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / GIB, 2)
         # CUDA-graph pools (compile mode reduce-overhead) are reserved, not always "allocated"
         row["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved(device) / GIB, 2)
     return row
+
+
+class GcTimer:
+    """Python's cyclic collections during the timed steps: count and wall ms per generation
+    (a collection over every live object, compiled graphs included, stalls the host that feeds
+    the GPU)."""
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+        self.totals: dict[int, list[float]] = {}
+        gc.callbacks.append(self)
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self.started = time.perf_counter()
+        elif self.started is not None:
+            total = self.totals.setdefault(info["generation"], [0, 0.0])
+            total[0] += 1
+            total[1] += (time.perf_counter() - self.started) * 1000
+            self.started = None
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self)
+
+    def summary(self) -> dict[str, list[float]]:
+        return {f"gen{g}": [n, round(ms, 2)] for g, (n, ms) in sorted(self.totals.items())}
 
 
 def profile_step(run: dit.DitRun) -> dict[str, Any]:
@@ -352,13 +403,14 @@ def profile_step(run: dit.DitRun) -> dict[str, Any]:
     }
 
 
-def profile_optimizer(run: dit.DitRun) -> dict[str, Any]:
-    """Kernels of the update alone (clip + optimizer step on random gradients): what of the step
-    is the optimizer's, to tell it from the forward/backward's share."""
-    from torch.profiler import ProfilerActivity, profile
-
+def _random_update(run: dit.DitRun) -> Any:
+    """The update alone (clip + optimizer step) on random gradients, warmed once. Existing
+    gradient buffers are filled in place: the CUDA-graph trainer keeps them across steps."""
     for param in run.params:
-        param.grad = torch.randn_like(param) * 1e-3
+        if param.grad is None:
+            param.grad = torch.randn_like(param) * 1e-3
+        else:
+            param.grad.normal_().mul_(1e-3)
 
     def update() -> None:
         torch.nn.utils.clip_grad_norm_(run.params, 1.0)
@@ -366,6 +418,29 @@ def profile_optimizer(run: dit.DitRun) -> dict[str, Any]:
 
     update()  # warm (lazy state)
     synchronize(run.device)
+    return update
+
+
+def optimizer_ms(run: dit.DitRun, repeats: int = 5) -> float:
+    """Median wall time of the update alone (clip + optimizer step; synchronised): the share of
+    the step that depends on the adapter's factor shapes and Muon's precision, not the tokens."""
+    update = _random_update(run)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        update()
+        synchronize(run.device)
+        times.append((time.perf_counter() - started) * 1000)
+    run.optimizer.zero_grad(set_to_none=False)  # as the graph trainer leaves them
+    return round(statistics.median(times), 2)
+
+
+def profile_optimizer(run: dit.DitRun) -> dict[str, Any]:
+    """Kernels of the update alone (clip + optimizer step on random gradients): what of the step
+    is the optimizer's, to tell it from the forward/backward's share."""
+    from torch.profiler import ProfilerActivity, profile
+
+    update = _random_update(run)
     started = time.perf_counter()
     update()
     synchronize(run.device)
@@ -527,8 +602,8 @@ def main() -> int:
     args = parse_args()
     adapters.KRON_MIX = args.kron_mix  # before any LoKR forward (and before compiling)
     adapters.KRON_FORWARD = args.kron_forward
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
+    # No global TF32 switch: the bench runs the trainer's own precision settings (the product
+    # sets none; Muon's Newton-Schulz has its own, --muon-ns).
     started = time.time()
     report = Report(args.out, args)
     crops = [int(c) for c in args.crops.split(",")] if not args.tiny else [32, 64]
@@ -585,21 +660,27 @@ def main() -> int:
                             break
                         try:
                             row.update(measure(args, run, crop, batch))
-                            if args.profile and batch == ladder[0] and run.device.type == "cuda":
-                                try:
-                                    row["profile"] = profile_step(run)
-                                    row["profile"]["optimizer"] = profile_optimizer(run)
-                                    row["profile"]["phases_ms"] = phase_times(run)
-                                    row["profile"]["cpu_top"] = cpu_profile(run)
-                                except Exception as exc:  # the timing row stands without it
-                                    row["profile"] = {"error": repr(exc)[:300]}
+                            if args.optimizer_time:
+                                row["optimizer_ms"] = optimizer_ms(run)
                         except Exception as exc:
                             row.update(error=repr(exc)[:500], trace=traceback.format_exc()[-2000:])
                             report.add(row)
                             if run.device.type == "cuda":
                                 torch.cuda.empty_cache()
                             break
-                        report.add(row)
+                        report.add(row)  # on disk before a profile that may hit a timeout
+                        if args.profile and batch == ladder[0] and run.device.type == "cuda":
+                            try:  # each part lands in the file as soon as it is measured
+                                row["profile"] = {"phases_ms": phase_times(run)}
+                                report.write()
+                                row["profile"]["optimizer"] = profile_optimizer(run)
+                                report.write()
+                                row["profile"].update(profile_step(run))
+                                report.write()
+                                row["profile"]["cpu_top"] = cpu_profile(run)
+                            except Exception as exc:  # the timing row stands without it
+                                row["profile"]["error"] = repr(exc)[:300]
+                            report.write()
                         if batch not in explicit and row["audio_s_per_s"] < 1.03 * best_rate:
                             break
                         best_rate = max(best_rate, row["audio_s_per_s"])

@@ -45,3 +45,31 @@ def test_bench_dit_runs_the_trainers_step_and_writes_rows(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [row["crop"] for row in rows] == [32, 64]  # the tiny model's two crops
     assert all(row["step_ms"] > 0 and row["finite"] for row in rows)
+
+
+def test_bench_muon_counts_the_adapters_matrices(tmp_path):
+    """The Muon bench's shapes are the trainer's: LoKR 512 and LoRA r64 on the 2B DiT have the
+    VRAM model's parameter counts (less the tiny w1 factors, which AdamW takes)."""
+    import sys
+
+    sys.path.insert(0, str(bench_cmd.bench_dir()))
+    import muon_bench
+
+    from hotstep_ray.models import full_configs as fc
+    from hotstep_ray.training import dit_vram
+
+    dims = dit_vram.DitDims.from_config(fc.dit_config("2b"))
+    lokr, lora = muon_bench.SPECS["lokr512"], muon_bench.SPECS["lora64"]
+    lokr_shapes = muon_bench.matrix_shapes("2b", lokr)
+    lora_shapes = muon_bench.matrix_shapes("2b", lora)
+    assert len(lokr_shapes) == 264 and len(lora_shapes) == 528
+    w1 = 24 * (4 * 4 * 8 + 6 * 4 * 2 + 4 * 6)  # [4, 4] attention, [6, 4] gate/up, [4, 6] down
+    assert sum(a * b for a, b in lokr_shapes) + w1 == dit_vram.adapter_params(dims, lokr, 24)
+    assert sum(a * b for a, b in lora_shapes) == dit_vram.adapter_params(dims, lora, 24)
+    out = tmp_path / "muon.json"
+    args = ["bench", "muon", "--device", "cpu", "--models", "2b", "--adapters", "lora64"]
+    result = runner.invoke(app, [*args, "--precisions", "tf32", "--repeat", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["matrices"] == 528 and row["step_ms"] > 0
+    assert row["ns_max_rel_error"] < 1e-4  # the CPU's "tf32" is float32

@@ -34,6 +34,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "compile-check": ("dit_compile_check.py", "compiled vs eager DiT gradients"),
     "kernel-sweep": ("oobleck_kernel_sweep.py", "tiles of the VAE's Triton kernels (GPU)"),
     "decode": ("decode_bench.py", "preprocessing's decode task and resampling per song (CPU)"),
+    "muon": ("muon_bench.py", "Muon's update on the DiT adapters' factor shapes, by precision"),
 }
 
 app = typer.Typer(

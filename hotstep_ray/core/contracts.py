@@ -45,6 +45,9 @@ TERMINAL_JOB_STATUSES: frozenset[str] = frozenset({"done", "failed", "cancelled"
 LmSize = Literal["0.6B", "1.7B", "4B"]
 AdapterType = Literal["lora", "lokr"]
 OptimizerName = Literal["adamw", "muon"]
+# Muon's Newton-Schulz precision: "auto" = TF32 tensor cores on CUDA, IEEE float32 elsewhere;
+# "bfloat16" = torch.optim.Muon's own step (training.optim explains and measures each).
+MuonNsPrecision = Literal["auto", "float32", "tf32", "bfloat16"]
 SampleOrder = Literal["shuffle", "sequential"]
 LossWeighting = Literal["none", "min_snr", "flow_snr"]
 PreprocessDtype = Literal["f32", "bf16"]
@@ -293,6 +296,7 @@ class TrainLmOptions(Options):
     optimizer: OptimizerName = "muon"
     muon_lr_scale: float = Field(default=20.0, ge=0.001, le=1000)
     muon_ns_steps: int = Field(default=5, ge=1, le=20)
+    muon_ns_precision: MuonNsPrecision = "auto"
     learning_rate: float = Field(default=1e-4, gt=0, le=1)
     grad_accum: int = Field(default=2, ge=1, le=64)
     grad_clip: float = Field(default=1.0, ge=0, le=100)
@@ -368,6 +372,7 @@ class TrainDitOptions(Options):
     muon_lr_scale: float = Field(default=20.0, ge=0.001, le=1000)
     muon_momentum: float = Field(default=0.95, ge=0, lt=1)
     muon_ns_steps: int = Field(default=5, ge=1, le=20)
+    muon_ns_precision: MuonNsPrecision = "auto"
     muon_min_dim: int = Field(default=16, ge=1)
     batch: int = Field(default=1, ge=1, le=16)
     checkpoint_segments: int = Field(default=1, ge=0, le=32)  # 1 = auto, 0 = off

@@ -8,9 +8,11 @@ an option we need; the comment on each says which.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
+from diffusers.models import attention_dispatch
+from diffusers.models.transformers import ace_step_transformer
 from diffusers.models.transformers.ace_step_transformer import (
     AceStepAttention,
     AceStepAttnProcessor2_0,
@@ -210,9 +212,31 @@ class PaddedKeyAttnProcessor(AceStepAttnProcessor2_0):
         )
 
 
+def _attention_backend(processor: AceStepAttnProcessor2_0 | None = None) -> Any:
+    """diffusers' `_get_current_attention_backend`, same result, without rebuilding the enum
+    member it already holds: `AttentionBackendName(member)` is a graph break in torch 2.11's
+    dynamo (the device machine's torch; 2.13 traces it). Every attention of a compiled block
+    asks, so each 2B block ran as ~7 graphs: 167 compiled regions per forward, and a batch-1
+    step whose host time (dynamo guards, graph launches) exceeded its 85 ms of kernels
+    (docs/BENCHMARKS.md, tenth device run)."""
+    backend = getattr(processor, "_attention_backend", None)
+    if backend is None:
+        backend = attention_dispatch._AttentionBackendRegistry.get_active_backend()[0]
+    if isinstance(backend, attention_dispatch.AttentionBackendName):
+        return backend
+    return attention_dispatch.AttentionBackendName(backend)
+
+
+def install_backend_lookup() -> None:
+    """Route the ACE-Step processors' backend lookup through `_attention_backend` (their
+    module looks the function up by name at every call; idempotent)."""
+    ace_step_transformer._get_current_attention_backend = _attention_backend
+
+
 def install_padded_key_processor(transformer: torch.nn.Module) -> KeyPaddingMasks:
     """Give every attention of the DiT the mask-aware processor; returns the shared masks
     (empty masks = exactly the stock behaviour)."""
+    install_backend_lookup()
     masks = KeyPaddingMasks()
     transformer.set_attn_processor(PaddedKeyAttnProcessor(masks))
     return masks

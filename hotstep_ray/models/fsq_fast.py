@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from diffusers.pipelines.ace_step import AceStepAudioTokenizer
 
+from hotstep_ray.core.precision import tf32_matmuls
 from hotstep_ray.models.acestep_wrappers import pad_to_window, tokenize_latents
 
 FAST_PASSES: tuple[str, ...] = ("off", "tf32", "bf16")
@@ -50,26 +51,15 @@ def resolve_fast_pass(setting: str, device: torch.device) -> str:
 @contextmanager
 def reduced_precision(mode: str, device: torch.device) -> Iterator[None]:
     """Pass 1's precision. "bf16": autocast on the device type. "tf32": float32 tensors, TF32
-    tensor-core matmuls and cuDNN convs; the previous settings come back even on an exception.
-    Only the new `fp32_precision` API is touched (torch >= 2.9 refuses to mix it with the
-    legacy `allow_tf32` flags)."""
+    tensor-core matmuls and cuDNN convs (`core.precision.tf32_matmuls`)."""
     if mode == "bf16":
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
             yield
         return
     if mode != "tf32":
         raise ValueError(f"reduced precision is tf32 or bf16, not {mode!r}")
-    knobs = [torch.backends.cuda.matmul]
-    if hasattr(torch.backends.cudnn, "conv"):
-        knobs.append(torch.backends.cudnn.conv)
-    saved = [knob.fp32_precision for knob in knobs]
-    try:
-        for knob in knobs:
-            knob.fp32_precision = "tf32"
+    with tf32_matmuls():
         yield
-    finally:
-        for knob, value in zip(knobs, saved, strict=True):
-            knob.fp32_precision = value
 
 
 def fsq_brackets(quantizer: torch.nn.Module, pooled: torch.Tensor) -> torch.Tensor:

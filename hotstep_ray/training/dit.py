@@ -377,6 +377,7 @@ def prepare(
         muon_momentum=options.muon_momentum,
         muon_ns_steps=options.muon_ns_steps,
         muon_min_dim=options.muon_min_dim,
+        muon_ns_precision=options.muon_ns_precision,
     )
     trigger, position = _resolve_trigger(settings, cache)
     run = DitRun(

@@ -581,6 +581,7 @@ def setup_lm(
         weight_decay=options.weight_decay,
         muon_lr_scale=options.muon_lr_scale,
         muon_ns_steps=options.muon_ns_steps,
+        muon_ns_precision=options.muon_ns_precision,
     )
     per_rank = math.ceil(len(plan.groups) / world)
     schedule = LrSchedule.from_counts(

@@ -16,9 +16,16 @@ lr × sqrt(max(1, rows / cols)). LoKR factors are near-square (ratio ≈ 1), so 
 calibration carries over; a LoRA `B [out, r]` gets its sqrt(out / r) boost as in every published
 Muon. `"match_rms_adamw"` (Moonshot: 0.2·sqrt(max side)) would stack on the ×20 and overshoot.
 
-Precision. torch 2.13's Muon casts the Newton–Schulz iteration to bfloat16 (~1e-2 error after five
-steps); `Muon` below runs it in float32 by default, which matches a float64 reference to 1e-4.
-`ns_dtype=torch.bfloat16` reproduces torch's step bit for bit.
+Precision (`ns_precision`). torch 2.13's Muon casts the Newton–Schulz iteration to bfloat16;
+"bfloat16" reproduces its step bit for bit. "float32" is IEEE float32. "tf32" keeps float32
+tensors and runs the GEMMs on TF32 tensor cores (CUDA only; on the CPU it is "float32" exactly).
+"tf32" is the CUDA default (`muon_ns_precision` "auto" in the train options): a LoKR 512 adapter
+on the 2B DiT stacks 264 factors of 256-1024 a side, ~0.95 TFLOP of Newton–Schulz per step.
+H200, the Muon step alone on those shapes (bench/muon_bench.py; docs/BENCHMARKS.md, tenth device
+run), with the largest deviation from float64 Newton–Schulz relative to its largest element:
+float32 25.3 ms (3e-6), tf32 8.7 ms (5.1e-3), bfloat16 105.5 ms (2.1e-2; per parameter, as
+torch). DiT LoRA r64: 9.6 / 6.9 / 236.7 ms. Five quintic steps only bring the singular values
+into (0.5, 1.5) anyway, so TF32's 5e-3 is far inside what Muon tolerates.
 
 Bucketing. LoRA/LoKR adapters give hundreds of small matrices (DiT LoRA r64: 528), and one
 Newton–Schulz per parameter (5 iterations × 3 GEMMs) makes the step launch-bound on a GPU. Same
@@ -39,7 +46,23 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from hotstep_ray.core.contracts import MuonNsPrecision
+from hotstep_ray.core.precision import tf32_matmuls
+
 MuonAdjustLr = Literal["original", "match_rms_adamw"]
+NsPrecision = Literal["float32", "tf32", "bfloat16"]
+NS_PRECISIONS: tuple[str, ...] = ("float32", "tf32", "bfloat16")
+
+
+def resolve_ns_precision(setting: str, on_cuda: bool) -> NsPrecision:
+    """ "auto" by device ("tf32" on CUDA, "float32" elsewhere); a named precision as given."""
+    if setting == "auto":
+        return "tf32" if on_cuda else "float32"
+    if setting not in NS_PRECISIONS:
+        raise ValueError(
+            f"Muon ns_precision must be auto or one of {NS_PRECISIONS}, not {setting!r}"
+        )
+    return setting  # type: ignore[return-value]
 
 
 def newton_schulz(
@@ -92,7 +115,7 @@ def lr_ratio(shape: torch.Size | tuple[int, ...], adjust_lr_fn: str | None) -> f
 
 class Muon(torch.optim.Muon):
     """`torch.optim.Muon` (same arguments, state and param groups) with the Newton–Schulz
-    iteration in `ns_dtype`. The update, per parameter:
+    iteration at `ns_precision`. The update, per parameter:
 
         buf ← μ·buf + (1−μ)·g;  u ← (1−μ)·g + μ·buf (nesterov) or buf
         p ← p·(1 − lr·wd) − lr·ratio(shape)·NS(u)
@@ -106,21 +129,23 @@ class Muon(torch.optim.Muon):
     bitwise the per-parameter loop's; on CUDA a batched GEMM may round differently (float32
     rounding).
 
-    `ns_dtype=torch.bfloat16` keeps the per-parameter loop: it exists to reproduce torch's step
-    bit for bit, and a batched bf16 GEMM/norm need not round like torch's per-matrix ones."""
+    `ns_precision="bfloat16"` keeps the per-parameter loop: it exists to reproduce torch's step
+    bit for bit, and a batched bf16 GEMM/norm need not round like torch's per-matrix ones.
+    "tf32" is the bucketed float32 step with TF32 GEMMs on CUDA."""
 
     def __init__(
         self,
         params: Any,
         *,
-        ns_dtype: torch.dtype = torch.float32,
+        ns_precision: NsPrecision = "float32",
         bucket_size: int | None = 16,
         **kwargs: Any,
     ):
         super().__init__(params, **kwargs)
         if bucket_size is not None and bucket_size < 1:
             raise ValueError(f"bucket_size must be >= 1 or None, got {bucket_size}")
-        self.ns_dtype = ns_dtype
+        self.ns_precision = resolve_ns_precision(ns_precision, on_cuda=False)
+        self.ns_dtype = torch.bfloat16 if self.ns_precision == "bfloat16" else torch.float32
         self.bucket_size = bucket_size
 
     @torch.no_grad()
@@ -130,8 +155,11 @@ class Muon(torch.optim.Muon):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            if self.ns_dtype == torch.bfloat16:
+            if self.ns_precision == "bfloat16":
                 self._step_per_parameter(group)
+            elif self.ns_precision == "tf32":
+                with tf32_matmuls():
+                    self._step_bucketed(group)
             else:
                 self._step_bucketed(group)
         return loss
@@ -282,13 +310,14 @@ def build_optimizer(
     muon_min_dim: int = 16,
     muon_nesterov: bool = True,
     muon_adjust_lr: MuonAdjustLr = "original",
-    muon_ns_dtype: torch.dtype = torch.float32,
+    muon_ns_precision: MuonNsPrecision = "auto",
     muon_bucket_size: int | None | Literal["auto"] = "auto",
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
 ) -> HybridOptimizer:
     """Split `named_params` (frozen ones are skipped) between Muon and AdamW; with
-    `kind="adamw"` everything goes to AdamW. Group `lr` starts at `base_lr`."""
+    `kind="adamw"` everything goes to AdamW. Group `lr` starts at `base_lr`.
+    `muon_ns_precision` "auto" resolves by the parameters' device."""
     muon_named: list[tuple[str, nn.Parameter]] = []
     adamw_named: list[tuple[str, nn.Parameter]] = []
     for name, param in named_params:
@@ -310,7 +339,7 @@ def build_optimizer(
             nesterov=muon_nesterov,
             ns_steps=muon_ns_steps,
             adjust_lr_fn=muon_adjust_lr,
-            ns_dtype=muon_ns_dtype,
+            ns_precision=resolve_ns_precision(muon_ns_precision, on_cuda),
             bucket_size=muon_bucket_size,
         )
     adamw = None

@@ -83,7 +83,7 @@ def test_bfloat16_mode_reproduces_torch_muon_bit_for_bit():
     grads = [[torch.randn(s, generator=generator) for s in shapes] for _ in range(3)]
     ours = [torch.nn.Parameter(x.clone()) for x in init]
     theirs = [torch.nn.Parameter(x.clone()) for x in init]
-    opt_ours = optim.Muon(ours, lr=0.02, ns_dtype=torch.bfloat16)
+    opt_ours = optim.Muon(ours, lr=0.02, ns_precision="bfloat16")
     opt_theirs = torch.optim.Muon(theirs, lr=0.02)
     for step_grads in grads:
         for p, q, grad in zip(ours, theirs, step_grads, strict=True):
@@ -297,3 +297,62 @@ def test_zero_grad_keeps_the_buffers_and_zeroes_them_in_one_call(make_toy, monke
     assert all(not b.any() for b in buffers)
     opt.zero_grad(set_to_none=True)
     assert all(p.grad is None for p in params)
+
+
+# ----------------------------------------------------------------------------- NS precision
+
+
+def test_ns_precision_resolution():
+    assert optim.resolve_ns_precision("auto", on_cuda=True) == "tf32"
+    assert optim.resolve_ns_precision("auto", on_cuda=False) == "float32"
+    for name in optim.NS_PRECISIONS:
+        assert optim.resolve_ns_precision(name, on_cuda=True) == name
+    with pytest.raises(ValueError, match="auto or one of"):
+        optim.resolve_ns_precision("fp16", on_cuda=True)
+    with pytest.raises(ValueError, match="auto or one of"):
+        optim.Muon([torch.nn.Parameter(torch.ones(16, 16))], ns_precision="half")
+
+
+def test_train_options_reach_the_optimizer():
+    """`muon_ns_precision` from the options (CPU parameters: "auto" is float32)."""
+    param = torch.nn.Parameter(torch.zeros(16, 32))
+    assert optim.build_optimizer([("w", param)]).muon.ns_precision == "float32"
+    built = optim.build_optimizer([("w", param)], muon_ns_precision="tf32")
+    assert built.muon.ns_precision == "tf32"
+    from hotstep_ray.core.contracts import TrainDitOptions, TrainLmOptions
+
+    assert TrainDitOptions().muon_ns_precision == "auto"
+    assert TrainLmOptions().muon_ns_precision == "auto"
+
+
+def _steps(precision):
+    generator = torch.Generator().manual_seed(3)
+    params = [torch.nn.Parameter(torch.randn(24, 40, generator=generator)) for _ in range(3)]
+    muon = optim.Muon(params, lr=0.1, ns_precision=precision)
+    for _ in range(3):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=generator)
+        muon.step()
+    return [p.detach().clone() for p in params]
+
+
+def test_tf32_runs_newton_schulz_under_tf32_matmuls_and_is_float32_on_the_cpu(monkeypatch):
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    seen = []
+    real = optim.newton_schulz
+
+    def spy(*args, **kwargs):
+        seen.append(matmul.fp32_precision)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(optim, "newton_schulz", spy)
+    tf32 = _steps("tf32")
+    assert seen and set(seen) == {"tf32"}
+    assert matmul.fp32_precision == before  # restored after the step
+    seen.clear()
+    plain = _steps("float32")
+    assert seen and "tf32" not in seen
+    # the knob is CUDA's: CPU float32 GEMMs are unchanged, so the steps are bitwise equal
+    for a, b in zip(tf32, plain, strict=True):
+        assert torch.equal(a, b)
