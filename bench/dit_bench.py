@@ -128,11 +128,6 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="add each row's update time alone (clip + optimizer step on random gradients)",
     )
-    parser.add_argument(
-        "--gc-freeze",
-        action="store_true",
-        help="gc.freeze() after the warm-up steps (the timed steps' collections skip old objects)",
-    )
     parser.add_argument("--profile", action="store_true", help="kernel count of one batch-1 step")
     parser.add_argument("--tiny", action="store_true", help="tiny model (dry run of the script)")
     parser.add_argument("--device", default="cuda")
@@ -303,9 +298,6 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
     upcoming = window if args.prefetch else None
     losses = [dit.optimizer_step(run, window, upcoming).loss for _ in range(args.warmup)]
     synchronize(device)
-    if args.gc_freeze:  # the objects alive after warm-up (models, compiled graphs) leave the GC
-        gc.collect()
-        gc.freeze()
     collections = GcTimer()
     if device.type == "cuda":
         torch.cuda.empty_cache()  # so the reserved peak is this row's, not an earlier row's
@@ -320,8 +312,6 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
         finite = finite and result.finite
         losses.append(result.loss)
     collections.stop()
-    if args.gc_freeze:
-        gc.unfreeze()
     median = statistics.median(times)
     flops = dit_vram.step_flops(
         run.dims,
