@@ -25,6 +25,7 @@ loses nothing measured.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import gc
 import json
@@ -304,14 +305,16 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats(device)
     times = []
     finite = True
-    for _ in range(args.steps):
-        started = time.perf_counter()
-        result = dit.optimizer_step(run, window, upcoming)
-        synchronize(device)
-        times.append((time.perf_counter() - started) * 1000)
-        finite = finite and result.finite
-        losses.append(result.loss)
-    collections.stop()
+    try:
+        for _ in range(args.steps):
+            started = time.perf_counter()
+            result = dit.optimizer_step(run, window, upcoming)
+            synchronize(device)
+            times.append((time.perf_counter() - started) * 1000)
+            finite = finite and result.finite
+            losses.append(result.loss)
+    finally:
+        collections.stop()
     median = statistics.median(times)
     flops = dit_vram.step_flops(
         run.dims,
@@ -413,7 +416,11 @@ def _random_update(run: dit.DitRun) -> Any:
 
 def optimizer_ms(run: dit.DitRun, repeats: int = 5) -> float:
     """Median wall time of the update alone (clip + optimizer step; synchronised): the share of
-    the step that depends on the adapter's factor shapes and Muon's precision, not the tokens."""
+    the step that depends on the adapter's factor shapes and Muon's precision, not the tokens.
+    The adapter and the optimizer state come back as they were, so a later row of the same
+    process trains on from where the timed steps left it, not from random updates."""
+    params = [param.detach().clone() for param in run.params]
+    state = copy.deepcopy(run.optimizer.state_dict())
     update = _random_update(run)
     times = []
     for _ in range(repeats):
@@ -421,6 +428,9 @@ def optimizer_ms(run: dit.DitRun, repeats: int = 5) -> float:
         update()
         synchronize(run.device)
         times.append((time.perf_counter() - started) * 1000)
+    with torch.no_grad():
+        torch._foreach_copy_(run.params, params)
+    run.optimizer.load_state_dict(state)
     run.optimizer.zero_grad(set_to_none=False)  # as the graph trainer leaves them
     return round(statistics.median(times), 2)
 
@@ -660,8 +670,9 @@ def main() -> int:
                             break
                         report.add(row)  # on disk before a profile that may hit a timeout
                         if args.profile and batch == ladder[0] and run.device.type == "cuda":
+                            row["profile"] = {}
                             try:  # each part lands in the file as soon as it is measured
-                                row["profile"] = {"phases_ms": phase_times(run)}
+                                row["profile"]["phases_ms"] = phase_times(run)
                                 report.write()
                                 row["profile"]["optimizer"] = profile_optimizer(run)
                                 report.write()

@@ -47,13 +47,14 @@ def test_bench_dit_runs_the_trainers_step_and_writes_rows(tmp_path):
     assert all(row["step_ms"] > 0 and row["finite"] for row in rows)
 
 
-def test_bench_muon_counts_the_adapters_matrices(tmp_path):
+def test_bench_muon_counts_the_adapters_matrices(tmp_path, monkeypatch):
     """The Muon bench's shapes are the trainer's: LoKR 512 and LoRA r64 on the 2B DiT have the
     VRAM model's parameter counts (less the tiny w1 factors, which AdamW takes)."""
-    import sys
+    import importlib.util
 
-    sys.path.insert(0, str(bench_cmd.bench_dir()))
-    import muon_bench
+    spec = importlib.util.spec_from_file_location("muon_bench", bench_cmd.script_for("muon"))
+    muon_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(muon_bench)
 
     from hotstep_ray.models import full_configs as fc
     from hotstep_ray.training import dit_vram

@@ -5,6 +5,7 @@
 #   P1: LoRA r64, batch 1, 12 steps with the Python GC's collections counted, then --profile
 #       (each phase synchronised, the update alone, kernels, top host ops)
 #   P2: LoKR 512, batch 1, gc.freeze() after the warm-up;  P3: LoRA r64, the same
+# `--gc-freeze` was removed after this run (no effect): the script runs as written at 0bdf889.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .device_wheels/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1

@@ -137,14 +137,15 @@ class Muon(torch.optim.Muon):
         self,
         params: Any,
         *,
-        ns_precision: NsPrecision = "float32",
+        ns_precision: MuonNsPrecision = "float32",
         bucket_size: int | None = 16,
         **kwargs: Any,
     ):
         super().__init__(params, **kwargs)
         if bucket_size is not None and bucket_size < 1:
             raise ValueError(f"bucket_size must be >= 1 or None, got {bucket_size}")
-        self.ns_precision = resolve_ns_precision(ns_precision, on_cuda=False)
+        on_cuda = any(p.is_cuda for group in self.param_groups for p in group["params"])
+        self.ns_precision = resolve_ns_precision(ns_precision, on_cuda)
         self.ns_dtype = torch.bfloat16 if self.ns_precision == "bfloat16" else torch.float32
         self.bucket_size = bucket_size
 

@@ -198,6 +198,20 @@ def test_cli_calibrates_after_training_and_latest_skips_the_calibrated_folder(ti
     assert setup.init_from["url"].endswith(run_key)
 
 
+def test_muon_precision_option_reaches_the_optimizer(tiny, monkeypatch):
+    folder, storage = tiny
+    seen = {}
+    real = lm.build_optimizer
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lm, "build_optimizer", spy)
+    lm.setup_lm(make_spec(folder, optimizer="muon", muon_ns_precision="tf32"), storage)
+    assert seen["kind"] == "muon" and seen["muon_ns_precision"] == "tf32"
+
+
 @pytest.mark.slow
 @pytest.mark.ray
 def test_ray_job_holds_out_and_calibrates(ray_session, tiny):

@@ -313,16 +313,14 @@ def test_ns_precision_resolution():
         optim.Muon([torch.nn.Parameter(torch.ones(16, 16))], ns_precision="half")
 
 
-def test_train_options_reach_the_optimizer():
-    """`muon_ns_precision` from the options (CPU parameters: "auto" is float32)."""
+def test_auto_resolves_by_the_parameters_device():
+    """CPU parameters: "auto" is float32, in `build_optimizer` and in `Muon` itself (the
+    trainers' own pass-through is checked in test_dit_train / test_lm_train)."""
     param = torch.nn.Parameter(torch.zeros(16, 32))
     assert optim.build_optimizer([("w", param)]).muon.ns_precision == "float32"
+    assert optim.Muon([param], ns_precision="auto").ns_precision == "float32"
     built = optim.build_optimizer([("w", param)], muon_ns_precision="tf32")
     assert built.muon.ns_precision == "tf32"
-    from hotstep_ray.core.contracts import TrainDitOptions, TrainLmOptions
-
-    assert TrainDitOptions().muon_ns_precision == "auto"
-    assert TrainLmOptions().muon_ns_precision == "auto"
 
 
 def _steps(precision):
