@@ -201,8 +201,9 @@ def _merged_weights(dims: DitDims, spec: AdapterSpec) -> int:
     rows than `adapters.KRON_MERGED_MIN_TOKENS` and stay factored). The merged LoKR forward
     builds a bf16 `W + ΔW` per adapted Linear, and the model charges one such copy per trained
     layer as if kept for the backward: the measured merged peaks (H200, 2B LoKR 512, 6000
-    frames, CUDA graphs, reserved: 14.0 GiB at batch 1, 20.88 at batch 2) sit 1.8 and 0.5 GiB
-    above LoRA r64's at the same shapes, and what holds that memory was not profiled."""
+    frames, CUDA graphs, reserved: 14.0 / 14.14 GiB at batch 1, 20.88 / 20.53 at batch 2; ninth
+    / tenth device runs) sit 1.8 and 0.5-0.6 GiB above LoRA r64's at the same shapes, and what
+    holds that memory was not profiled."""
     return sum(
         fan_in * fan_out
         for _, fan_in, fan_out, side in targeted_linears(dims, spec)

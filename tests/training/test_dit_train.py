@@ -388,9 +388,8 @@ def test_compiled_blocks_give_the_eager_gradients(storage, tiny_dit_dir, single_
     equal the eager blocks'. Inductor's vectorised C++ kernels get these gradients wrong (torch
     2.13; see `dit.compile_mode`), so this runs them scalar (`cpp.simdlen` 1): the graph capture,
     decompositions, fusion and recompute choices are the ones the GPU's Triton code is built from."""
-    import torch._inductor.config as inductor_config
-
     import torch._dynamo as dynamo
+    import torch._inductor.config as inductor_config
 
     options = fast_options(epochs=2, batch=2, grad_accum=1)
     runs = [dit.setup(options, storage, SLUG, settings(tiny_dit_dir)) for _ in range(2)]

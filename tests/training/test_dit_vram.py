@@ -76,6 +76,12 @@ COMPILED_PEAKS = [
     ("2b", LOKR512, "factored", 6000, 1, 15.1),  # CUDA graphs, reserved
     ("2b", LOKR512, "merged", 6000, 1, 14.0),  # CUDA graphs, reserved (ninth device run)
     ("2b", LOKR512, "merged", 6000, 2, 20.88),  # CUDA graphs, reserved (ninth device run)
+    ("xl", LORA64, "-", 6000, 2, 42.3),  # CUDA graphs, reserved (seventh device run)
+    # CUDA graphs, reserved, each block one graph on torch 2.11 (tenth device run)
+    ("2b", LORA64, "-", 6000, 1, 12.33),
+    ("2b", LORA64, "-", 6000, 2, 19.89),
+    ("2b", LOKR512, "merged", 6000, 1, 14.14),
+    ("2b", LOKR512, "merged", 6000, 2, 20.53),
 ]
 
 
