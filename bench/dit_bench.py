@@ -25,6 +25,7 @@ loses nothing measured.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import gc
@@ -36,6 +37,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -119,7 +121,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--time-budget-s", type=float, default=540.0)
     parser.add_argument(
-        "--muon-ns",
+        "--muon-ns-precision",
         default="auto",
         choices=("auto", *optim.NS_PRECISIONS),
         help="Muon's Newton-Schulz precision (auto: tf32 on CUDA)",
@@ -129,7 +131,9 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="add each row's update time alone (clip + optimizer step on random gradients)",
     )
-    parser.add_argument("--profile", action="store_true", help="kernel count of one batch-1 step")
+    parser.add_argument(
+        "--profile", action="store_true", help="profile one step of each crop's first batch"
+    )
     parser.add_argument("--tiny", action="store_true", help="tiny model (dry run of the script)")
     parser.add_argument("--device", default="cuda")
     return parser.parse_args()
@@ -181,7 +185,7 @@ def build_group(
         grad_accum=1,
         checkpoint_segments={"off": 0, "auto": 1, "all": 32}[args.ckpt],
         optimizer=args.optimizer,
-        muon_ns_precision=args.muon_ns,
+        muon_ns_precision=args.muon_ns_precision,
         init_adapter="",
         epochs=1000,
         compile="off" if compile_mode == "none" else compile_mode,  # the trainer's own path
@@ -299,22 +303,18 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
     upcoming = window if args.prefetch else None
     losses = [dit.optimizer_step(run, window, upcoming).loss for _ in range(args.warmup)]
     synchronize(device)
-    collections = GcTimer()
     if device.type == "cuda":
         torch.cuda.empty_cache()  # so the reserved peak is this row's, not an earlier row's
         torch.cuda.reset_peak_memory_stats(device)
     times = []
     finite = True
-    try:
-        for _ in range(args.steps):
-            started = time.perf_counter()
-            result = dit.optimizer_step(run, window, upcoming)
-            synchronize(device)
-            times.append((time.perf_counter() - started) * 1000)
-            finite = finite and result.finite
-            losses.append(result.loss)
-    finally:
-        collections.stop()
+    for _ in range(args.steps):
+        started = time.perf_counter()
+        result = dit.optimizer_step(run, window, upcoming)
+        synchronize(device)
+        times.append((time.perf_counter() - started) * 1000)
+        finite = finite and result.finite
+        losses.append(result.loss)
     median = statistics.median(times)
     flops = dit_vram.step_flops(
         run.dims,
@@ -340,39 +340,12 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
         "est_gib": round(run.fit.estimate.total / GIB, 2),
         "finite": finite,
         "losses": [round(loss, 6) for loss in losses],
-        "gc": collections.summary(),
     }
     if device.type == "cuda":
         row["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / GIB, 2)
         # CUDA-graph pools (compile mode reduce-overhead) are reserved, not always "allocated"
         row["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved(device) / GIB, 2)
     return row
-
-
-class GcTimer:
-    """Python's cyclic collections during the timed steps: count and wall ms per generation
-    (a collection over every live object, compiled graphs included, stalls the host that feeds
-    the GPU)."""
-
-    def __init__(self) -> None:
-        self.started: float | None = None
-        self.totals: dict[int, list[float]] = {}
-        gc.callbacks.append(self)
-
-    def __call__(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self.started = time.perf_counter()
-        elif self.started is not None:
-            total = self.totals.setdefault(info["generation"], [0, 0.0])
-            total[0] += 1
-            total[1] += (time.perf_counter() - self.started) * 1000
-            self.started = None
-
-    def stop(self) -> None:
-        gc.callbacks.remove(self)
-
-    def summary(self) -> dict[str, list[float]]:
-        return {f"gen{g}": [n, round(ms, 2)] for g, (n, ms) in sorted(self.totals.items())}
 
 
 def profile_step(run: dit.DitRun) -> dict[str, Any]:
@@ -414,13 +387,26 @@ def _random_update(run: dit.DitRun) -> Any:
     return update
 
 
-def optimizer_ms(run: dit.DitRun, repeats: int = 5) -> float:
-    """Median wall time of the update alone (clip + optimizer step; synchronised): the share of
-    the step that depends on the adapter's factor shapes and Muon's precision, not the tokens.
-    The adapter and the optimizer state come back as they were, so a later row of the same
-    process trains on from where the timed steps left it, not from random updates."""
+@contextlib.contextmanager
+def unchanged(run: dit.DitRun) -> Iterator[None]:
+    """The adapter and the optimizer state come back as they were after the block, so a later
+    row of the same process trains on from its own steps, not from the random updates or extra
+    steps of a measurement. Gradient buffers are left zeroed, as the graph trainer keeps them."""
     params = [param.detach().clone() for param in run.params]
     state = copy.deepcopy(run.optimizer.state_dict())
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            torch._foreach_copy_(run.params, params)
+        run.optimizer.load_state_dict(state)
+        run.optimizer.zero_grad(set_to_none=False)
+
+
+def update_ms(run: dit.DitRun, repeats: int) -> float:
+    """Median wall time of the update alone (clip + optimizer step on random gradients;
+    synchronised): the share of the step set by the adapter's factor shapes and Muon's
+    precision, not by the tokens. Changes the adapter: call it inside `unchanged`."""
     update = _random_update(run)
     times = []
     for _ in range(repeats):
@@ -428,10 +414,6 @@ def optimizer_ms(run: dit.DitRun, repeats: int = 5) -> float:
         update()
         synchronize(run.device)
         times.append((time.perf_counter() - started) * 1000)
-    with torch.no_grad():
-        torch._foreach_copy_(run.params, params)
-    run.optimizer.load_state_dict(state)
-    run.optimizer.zero_grad(set_to_none=False)  # as the graph trainer leaves them
     return round(statistics.median(times), 2)
 
 
@@ -440,18 +422,15 @@ def profile_optimizer(run: dit.DitRun) -> dict[str, Any]:
     is the optimizer's, to tell it from the forward/backward's share."""
     from torch.profiler import ProfilerActivity, profile
 
-    update = _random_update(run)
-    started = time.perf_counter()
-    update()
-    synchronize(run.device)
-    wall_ms = (time.perf_counter() - started) * 1000
+    wall_ms = update_ms(run, repeats=1)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        update()
+        torch.nn.utils.clip_grad_norm_(run.params, 1.0)
+        run.optimizer.step()
         synchronize(run.device)
-    run.optimizer.zero_grad(set_to_none=True)
+    run.optimizer.zero_grad(set_to_none=False)  # the next profiled step starts from zero
     kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
     return {
-        "wall_ms": round(wall_ms, 2),
+        "wall_ms": wall_ms,
         "kernels": len(kernels),
         "kernel_ms": round(sum(e.device_time for e in kernels) / 1000, 2),
     }
@@ -474,8 +453,8 @@ def phase_times(run: dit.DitRun, repeats: int = 3) -> dict[str, Any]:
         t = time.perf_counter()
         draws = dit.draw_window(run, window, step)
         t = mark("draw", t)
-        batch = dit.dit_data.batch_to(
-            dit.dit_data.assemble(run.cache, draws.crops[0], run.frames), run.device
+        batch = dit_data.batch_to(
+            dit_data.assemble(run.cache, draws.crops[0], run.frames), run.device
         )
         t = mark("assemble_copy", t)
         out = dit.micro_batch_loss(
@@ -603,7 +582,7 @@ def main() -> int:
     adapters.KRON_MIX = args.kron_mix  # before any LoKR forward (and before compiling)
     adapters.KRON_FORWARD = args.kron_forward
     # No global TF32 switch: the bench runs the trainer's own precision settings (the product
-    # sets none; Muon's Newton-Schulz has its own, --muon-ns).
+    # sets none; Muon's Newton-Schulz has its own, --muon-ns-precision).
     started = time.time()
     report = Report(args.out, args)
     crops = [int(c) for c in args.crops.split(",")] if not args.tiny else [32, 64]
@@ -661,7 +640,8 @@ def main() -> int:
                         try:
                             row.update(measure(args, run, crop, batch))
                             if args.optimizer_time:
-                                row["optimizer_ms"] = optimizer_ms(run)
+                                with unchanged(run):
+                                    row["optimizer_ms"] = update_ms(run, repeats=5)
                         except Exception as exc:
                             row.update(error=repr(exc)[:500], trace=traceback.format_exc()[-2000:])
                             report.add(row)
@@ -672,13 +652,14 @@ def main() -> int:
                         if args.profile and batch == ladder[0] and run.device.type == "cuda":
                             row["profile"] = {}
                             try:  # each part lands in the file as soon as it is measured
-                                row["profile"]["phases_ms"] = phase_times(run)
-                                report.write()
-                                row["profile"]["optimizer"] = profile_optimizer(run)
-                                report.write()
-                                row["profile"].update(profile_step(run))
-                                report.write()
-                                row["profile"]["cpu_top"] = cpu_profile(run)
+                                with unchanged(run):
+                                    row["profile"]["phases_ms"] = phase_times(run)
+                                    report.write()
+                                    row["profile"]["optimizer"] = profile_optimizer(run)
+                                    report.write()
+                                    row["profile"].update(profile_step(run))
+                                    report.write()
+                                    row["profile"]["cpu_top"] = cpu_profile(run)
                             except Exception as exc:  # the timing row stands without it
                                 row["profile"]["error"] = repr(exc)[:300]
                             report.write()

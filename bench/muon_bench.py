@@ -15,6 +15,7 @@ largest relative deviation of `optim.newton_schulz` from the same iteration in f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -26,34 +27,28 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, no install
 
+from hotstep_ray.core.precision import tf32_matmuls  # noqa: E402
 from hotstep_ray.models import full_configs as fc  # noqa: E402
 from hotstep_ray.training import dit_vram, optim  # noqa: E402
-from hotstep_ray.training.adapters import AdapterSpec, lokr_shape  # noqa: E402
+from hotstep_ray.training.adapters import AdapterSpec  # noqa: E402
 
 SPECS = {
     "lora64": AdapterSpec(kind="lora", rank=64, alpha=128),
     "lokr512": AdapterSpec(kind="lokr", rank=512, alpha=512, factor=6, decompose_both=True),
 }
-NS = (3.4445, -4.7750, 2.0315)
+MUON_MIN_DIM = 16  # the trainers' default split (`muon_min_dim`)
 
 
 def matrix_shapes(layout: str, spec: AdapterSpec) -> list[tuple[int, int]]:
-    """Every Muon-bound matrix of `spec` on all layers (both sides >= 16)."""
+    """Every Muon-bound matrix of `spec` on all layers (the rest, e.g. LoKR's 4-6-a-side w1,
+    is AdamW's)."""
     dims = dit_vram.DitDims.from_config(fc.dit_config(layout))
-    per_layer: list[tuple[int, int]] = []
-    for _, fan_in, fan_out, _ in dit_vram.targeted_linears(dims, spec):
-        if spec.kind == "lora":
-            per_layer += [(spec.rank, fan_in), (fan_out, spec.rank)]
-            continue
-        shape = lokr_shape(fan_in, fan_out, spec)
-        if shape.w2_full:
-            per_layer.append((shape.out_k, shape.in_n))
-        else:  # LyCORIS's low-rank w2: w2_a [out_k, dim] @ w2_b [dim, in_n]
-            per_layer += [(shape.out_k, spec.rank), (spec.rank, shape.in_n)]
-        if not shape.w1_full:
-            per_layer += [(shape.out_l, spec.rank), (spec.rank, shape.in_m)]
-        # a full w1 [out_l, in_m] (4-6 a side) is AdamW's; so is any side under 16
-    return [s for s in per_layer if min(s) >= 16] * dims.layers
+    per_layer = [
+        shape
+        for shape in dit_vram.adapter_matrices(dims, spec)
+        if optim.is_muon_param(torch.empty(shape, device="meta"), MUON_MIN_DIM)
+    ]
+    return per_layer * dims.layers
 
 
 def synchronize(device: torch.device) -> None:
@@ -61,7 +56,8 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def step_ms(shapes: list[tuple[int, int]], precision: str, device: torch.device, repeat: int):
+def build_muon(shapes: list[tuple[int, int]], precision: str, device: torch.device):
+    """Random parameters of `shapes` with random gradients, under the trainers' Muon."""
     generator = torch.Generator(device).manual_seed(0)
     params = [
         torch.nn.Parameter(torch.randn(s, device=device, generator=generator) * 0.02)
@@ -69,9 +65,13 @@ def step_ms(shapes: list[tuple[int, int]], precision: str, device: torch.device,
     ]
     for param in params:
         param.grad = torch.randn(param.shape, device=device, generator=generator) * 1e-3
-    muon = optim.build_optimizer(
-        [(str(i), p) for i, p in enumerate(params)], "muon", muon_ns_precision=precision
+    named = [(str(i), p) for i, p in enumerate(params)]
+    return optim.build_optimizer(
+        named, "muon", muon_min_dim=MUON_MIN_DIM, muon_ns_precision=precision
     ).muon
+
+
+def step_ms(muon: optim.Muon, device: torch.device, repeat: int) -> float:
     muon.step()  # lazy state
     synchronize(device)
     times = []
@@ -83,18 +83,20 @@ def step_ms(shapes: list[tuple[int, int]], precision: str, device: torch.device,
     return round(statistics.median(times), 2)
 
 
-def ns_error(shape: tuple[int, int], precision: str, device: torch.device) -> float:
+def ns_error(muon: optim.Muon, shape: tuple[int, int], device: torch.device) -> float:
+    """Largest deviation of `muon`'s Newton–Schulz (its coefficients, steps, precision and
+    path: per parameter in bf16, bucketed otherwise) from the same iteration in float64."""
+    group = muon.param_groups[0]
+    ns = (group["ns_coefficients"], group["ns_steps"], group["eps"])
     generator = torch.Generator(device).manual_seed(1)
     grad = torch.randn(shape, device=device, generator=generator, dtype=torch.float64)
-    reference = optim.newton_schulz(grad, NS, 5, 1e-7, torch.float64)
-    stack = grad.float().unsqueeze(0)  # the bucketed path's [N, m, n] form
-    if precision == "bfloat16":
-        got = optim.newton_schulz(grad.float(), NS, 5, 1e-7, torch.bfloat16)
-    elif precision == "tf32":
-        with optim.tf32_matmuls():
-            got = optim.newton_schulz(stack, NS, 5, 1e-7)[0]
+    reference = optim.newton_schulz(grad, *ns, torch.float64)
+    if muon.ns_precision == "bfloat16":
+        got = optim.newton_schulz(grad.float(), *ns, muon.ns_dtype)
     else:
-        got = optim.newton_schulz(stack, NS, 5, 1e-7)[0]
+        stack = grad.float().unsqueeze(0)  # the bucketed path's [N, m, n] form
+        with tf32_matmuls() if muon.ns_precision == "tf32" else contextlib.nullcontext():
+            got = optim.newton_schulz(stack, *ns)[0]
     return float((got.double() - reference).abs().max() / reference.abs().max())
 
 
@@ -122,9 +124,10 @@ def main() -> int:
                     "ns_tflop": round(flops / 1e12, 3),
                 }
                 try:
-                    row["step_ms"] = step_ms(shapes, precision, device, args.repeat)
+                    muon = build_muon(shapes, precision, device)
+                    row["step_ms"] = step_ms(muon, device, args.repeat)
                     row["ns_max_rel_error"] = max(
-                        round(ns_error(s, precision, device), 6) for s in sorted(set(shapes))
+                        round(ns_error(muon, s, device), 6) for s in sorted(set(shapes))
                     )
                 except Exception as exc:  # one failed row must not lose the others
                     row["error"] = repr(exc)[:300]

@@ -45,32 +45,73 @@ def test_bench_dit_runs_the_trainers_step_and_writes_rows(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [row["crop"] for row in rows] == [32, 64]  # the tiny model's two crops
     assert all(row["step_ms"] > 0 and row["finite"] for row in rows)
+    timed = tmp_path / "timed.json"
+    result = runner.invoke(app, [*args[:-1], str(timed), "--optimizer-time"])
+    assert result.exit_code == 0, result.output
+    assert all(row["optimizer_ms"] > 0 for row in json.loads(timed.read_text())["rows"])
 
 
-def test_bench_muon_counts_the_adapters_matrices(tmp_path, monkeypatch):
-    """The Muon bench's shapes are the trainer's: LoKR 512 and LoRA r64 on the 2B DiT have the
-    VRAM model's parameter counts (less the tiny w1 factors, which AdamW takes)."""
+def _load_bench(name: str):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("muon_bench", bench_cmd.script_for("muon"))
-    muon_bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(muon_bench)
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", bench_cmd.script_for(name))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-    from hotstep_ray.models import full_configs as fc
-    from hotstep_ray.training import dit_vram
 
-    dims = dit_vram.DitDims.from_config(fc.dit_config("2b"))
+def test_the_update_timing_leaves_the_adapter_and_optimizer_as_they_were():
+    """`--optimizer-time` steps the optimizer on random gradients; `unchanged` puts the
+    parameters and the optimizer state back, so later rows train on from their own steps."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from hotstep_ray.training.optim import build_optimizer
+
+    dit_bench = _load_bench("dit")
+    params = [torch.nn.Parameter(torch.randn(32, 48)), torch.nn.Parameter(torch.randn(48))]
+    optimizer = build_optimizer([("w", params[0]), ("b", params[1])])
+    run = SimpleNamespace(params=params, optimizer=optimizer, device=torch.device("cpu"))
+    for param in params:  # one real step first, so there is state to keep
+        param.grad = torch.randn_like(param)
+    optimizer.step()
+    before = [param.detach().clone() for param in params]
+    state = [leaf.clone() if torch.is_tensor(leaf) else leaf for leaf in _leaves(optimizer)]
+    with dit_bench.unchanged(run):
+        assert dit_bench.update_ms(run, repeats=2) > 0
+        assert not torch.equal(params[0], before[0])  # the timing did move them
+    for param, kept in zip(params, before, strict=True):
+        assert torch.equal(param, kept)
+        assert torch.count_nonzero(param.grad) == 0  # zeroed buffers, as the graph trainer
+    for now, kept in zip(_leaves(optimizer), state, strict=True):
+        assert torch.equal(now, kept) if torch.is_tensor(kept) else now == kept
+
+
+def _leaves(optimizer) -> list:
+    from torch.utils._pytree import tree_leaves
+
+    return tree_leaves(optimizer.state_dict())
+
+
+def test_bench_muon_counts_the_adapters_matrices(tmp_path):
+    """The Muon bench's matrices are the trainers' Muon half (`dit_vram.adapter_matrices`, which
+    test_dit_vram checks against injected adapters): LoKR's small w1 factors are AdamW's, XL's
+    low-rank w2 pairs count, and each precision's Newton–Schulz error is in its class."""
+    muon_bench = _load_bench("muon")
+
     lokr, lora = muon_bench.SPECS["lokr512"], muon_bench.SPECS["lora64"]
     lokr_shapes = muon_bench.matrix_shapes("2b", lokr)
-    lora_shapes = muon_bench.matrix_shapes("2b", lora)
-    assert len(lokr_shapes) == 264 and len(lora_shapes) == 528
-    w1 = 24 * (4 * 4 * 8 + 6 * 4 * 2 + 4 * 6)  # [4, 4] attention, [6, 4] gate/up, [4, 6] down
-    assert sum(a * b for a, b in lokr_shapes) + w1 == dit_vram.adapter_params(dims, lokr, 24)
-    assert sum(a * b for a, b in lora_shapes) == dit_vram.adapter_params(dims, lora, 24)
+    assert len(lokr_shapes) == 264 and len(muon_bench.matrix_shapes("2b", lora)) == 528
+    assert min(min(shape) for shape in lokr_shapes) >= 256  # no [4, 4] / [6, 4] w1 in Muon
+    assert len(muon_bench.matrix_shapes("xl", lokr)) == 448  # 9728-wide MLP: low-rank w2 pairs
     out = tmp_path / "muon.json"
     args = ["bench", "muon", "--device", "cpu", "--models", "2b", "--adapters", "lora64"]
-    result = runner.invoke(app, [*args, "--precisions", "tf32", "--repeat", "1", "--out", str(out)])
+    args += ["--precisions", "tf32,bfloat16", "--repeat", "1", "--out", str(out)]
+    result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    (row,) = json.loads(out.read_text())["rows"]
-    assert row["matrices"] == 528 and row["step_ms"] > 0
-    assert row["ns_max_rel_error"] < 1e-4  # the CPU's "tf32" is float32
+    tf32, bf16 = json.loads(out.read_text())["rows"]
+    assert tf32["matrices"] == bf16["matrices"] == 528
+    assert tf32["step_ms"] > 0 and "error" not in tf32 and "error" not in bf16
+    assert tf32["ns_max_rel_error"] < 1e-4  # the CPU's "tf32" is float32
+    assert 1e-3 < bf16["ns_max_rel_error"] < 0.1  # torch's bf16 iteration

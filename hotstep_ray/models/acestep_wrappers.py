@@ -229,7 +229,9 @@ def _attention_backend(processor: AceStepAttnProcessor2_0 | None = None) -> Any:
 
 def install_backend_lookup() -> None:
     """Route the ACE-Step processors' backend lookup through `_attention_backend` (their
-    module looks the function up by name at every call; idempotent)."""
+    module looks the function up by name at every call; idempotent). A workaround for torch
+    2.11's dynamo: once the GPU machines run a torch that traces the stock lookup (2.13 does),
+    this and `_attention_backend` can go."""
     ace_step_transformer._get_current_attention_backend = _attention_backend
 
 

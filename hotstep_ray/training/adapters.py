@@ -24,6 +24,7 @@ ACE-Step and reproduces the same ΔW:
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -192,7 +193,8 @@ def lokr_alpha(shape: LokrShape, spec: AdapterSpec) -> float:
 # --kron-mix; docs/BENCHMARKS.md, eighth device run): gemm 275.7 ms per step, ordered 214.2,
 # ordered with the w1 gradient as a batched GEMM per token (`w1_grad`) 202.0. On the CPU the GEMM mix is the
 # faster (a tiny DiT layer on 2 cores: 285 vs 352 us per forward + backward, same section), so
-# "auto" picks "ordered" for CUDA tensors and "gemm" otherwise.
+# "auto" picks "ordered" for CUDA tensors and "gemm" otherwise. `MergedKron`'s backward reuses
+# the same choice for its one w1 mix (`_mix`); only the factored forward was timed per mix.
 KRON_MIX = "auto"
 KRON_MIXES = ("gemm", "pointwise", "ordered")  # the concrete mixes; KRON_MIX may also be "auto"
 
@@ -312,6 +314,8 @@ class MergedKron(torch.autograd.Function):
         w2: torch.Tensor,
         scale: float,
     ) -> torch.Tensor:
+        if weight.requires_grad:  # refused before any work: the backward has no dW
+            raise NotImplementedError("MergedKron: the base weight must be frozen")
         ctx.save_for_backward(x, weight, w1, w2)
         ctx.scale = scale
         return F.linear(x, _merged_weight(weight, w1, w2, scale), bias)
@@ -340,8 +344,6 @@ class MergedKron(torch.autograd.Function):
             else:  # dy_i · (x_j w2ᵀ): on c row blocks
                 dw1 = w1_grad(rows, cols @ w2.t(), a, c)
             dw1 = (dw1 * scale).to(w1.dtype)
-        if ctx.needs_input_grad[1]:
-            raise NotImplementedError("MergedKron: the base weight must be frozen")
         return dx, None, dbias, dw1, dw2, None
 
 
@@ -447,7 +449,7 @@ class KronLinear(PeftLoKrLinear):
             (self.training and self.rank_dropout[adapter_name])
             or type(base) is not nn.Linear
             or base.weight.requires_grad
-            or not kron_merges(x.numel() // max(1, x.shape[-1]))
+            or not kron_merges(math.prod(x.shape[:-1]))
         ):
             return None
         w1, w2 = self._factors(adapter_name)

@@ -11,8 +11,9 @@ are checkpointed, L condition tokens):
 - activations kept for backward, bf16, per token of a trained layer: `A = 13·H + 11·Dq + 5·Dkv
   + 7·I` elements plus the adapter's own intermediates (LoRA: r per module; LoKR: 2× the module
   output on its factored path, none on its merged one), times B·N·(K − C); merged LoKR adds one
-  bf16 copy of each trained layer's adapted weights (`_merged_weights`); a checkpointed layer keeps only its input (1.5·H) and one layer's
-  full set is live while it is recomputed; plus per trained layer the cross-attention K/V of the
+  bf16 copy of the adapted weights per kept layer (`_merged_weights`); a checkpointed layer
+  keeps only its input (1.5·H) and one layer's full set (with its merged weights) is live while
+  it is recomputed; plus per trained layer the cross-attention K/V of the
   condition (4·Dkv·L per sample) and the output head (~1 KB per frame);
 - masks: a padded micro-batch merges its key mask into a [B, 1, N, N] additive mask per
   self-attention call, saved for backward (2·B·N² bytes per trained layer).
@@ -140,27 +141,35 @@ class DitDims:
 
 def targeted_linears(dims: DitDims, spec: AdapterSpec) -> list[tuple[str, int, int, str]]:
     """`dims.linears` rows (name, in, out, side) that `spec`'s targets adapt in one layer."""
-    targets = {t.rsplit(".", 1)[-1] if t != "to_out.0" else t for t in spec.targets}
-    return [
-        row
-        for row in dims.linears(target_mlp=True)
-        if ("to_out.0" if row[0].endswith("to_out.0") else row[0].rsplit(".", 1)[-1]) in targets
-    ]
+
+    def leaf(name: str) -> str:  # "self_attn.to_q" -> "to_q"; "to_out.0" keeps its index
+        return "to_out.0" if name.endswith("to_out.0") else name.rsplit(".", 1)[-1]
+
+    targets = {leaf(target) for target in spec.targets}
+    return [row for row in dims.linears(target_mlp=True) if leaf(row[0]) in targets]
+
+
+def adapter_matrices(dims: DitDims, spec: AdapterSpec) -> list[tuple[int, int]]:
+    """Shapes of one layer's trainable adapter matrices: LoRA A [r, in] and B [out, r]; LoKR
+    w1 [out_l, in_m] and w2 [out_k, in_n] by LyCORIS's factor rules, each low-rank factor as
+    its pair ([side, dim], [dim, side])."""
+    shapes: list[tuple[int, int]] = []
+    for _, fan_in, fan_out, _ in targeted_linears(dims, spec):
+        if spec.kind == "lora":
+            shapes += [(spec.rank, fan_in), (fan_out, spec.rank)]
+            continue
+        shape = lokr_shape(fan_in, fan_out, spec)
+        for full, rows, cols in (
+            (shape.w1_full, shape.out_l, shape.in_m),
+            (shape.w2_full, shape.out_k, shape.in_n),
+        ):
+            shapes += [(rows, cols)] if full else [(rows, spec.rank), (spec.rank, cols)]
+    return shapes
 
 
 def adapter_params(dims: DitDims, spec: AdapterSpec, trained_layers: int) -> int:
-    """Trainable parameters of `spec` on the top `trained_layers` layers (LoRA r·(in+out); LoKR
-    by LyCORIS's factor shapes)."""
-    per_layer = 0
-    for _, fan_in, fan_out, _ in targeted_linears(dims, spec):
-        if spec.kind == "lora":
-            per_layer += spec.rank * (fan_in + fan_out)
-            continue
-        shape = lokr_shape(fan_in, fan_out, spec)
-        w1 = shape.out_l * shape.in_m if shape.w1_full else spec.rank * (shape.out_l + shape.in_m)
-        w2 = shape.out_k * shape.in_n if shape.w2_full else spec.rank * (shape.out_k + shape.in_n)
-        per_layer += w1 + w2
-    return per_layer * trained_layers
+    """Trainable parameters of `spec` on the top `trained_layers` layers."""
+    return trained_layers * sum(rows * cols for rows, cols in adapter_matrices(dims, spec))
 
 
 @dataclass(frozen=True)
@@ -226,8 +235,9 @@ def estimate(
     head = HEAD_BYTES_PER_FRAME * plan.crop_frames * plan.batch
     share = COMPILED_ACTIVATION_SHARE if compiled else 1.0
     activations = ACT_BYTES * (share * tokens * per_token + condition) + head
-    if merged:
-        activations += ACT_BYTES * _merged_weights(dims, spec) * plan.trained_layers
+    if merged:  # like the per-token set: kept layers, plus the one being recomputed
+        live = kept + (1 if plan.ckpt_layers else 0)
+        activations += ACT_BYTES * _merged_weights(dims, spec) * live
     n = math.ceil(plan.crop_frames / dims.patch)
     masks = ACT_BYTES * plan.batch * n * n * plan.trained_layers if padded and plan.batch > 1 else 0
     weights = 2.0 * dims.transformer_params()

@@ -39,19 +39,19 @@ GPU a larger cap (or None) trades a few hundred MB of transient stacks for fewer
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
 
-from hotstep_ray.core.contracts import MuonNsPrecision
+from hotstep_ray.core.contracts import MuonNsPrecision, NsPrecision
 from hotstep_ray.core.precision import tf32_matmuls
 
 MuonAdjustLr = Literal["original", "match_rms_adamw"]
-NsPrecision = Literal["float32", "tf32", "bfloat16"]
-NS_PRECISIONS: tuple[str, ...] = ("float32", "tf32", "bfloat16")
+NS_PRECISIONS: tuple[str, ...] = get_args(NsPrecision)
 
 
 def resolve_ns_precision(setting: str, on_cuda: bool) -> NsPrecision:
@@ -131,7 +131,8 @@ class Muon(torch.optim.Muon):
 
     `ns_precision="bfloat16"` keeps the per-parameter loop: it exists to reproduce torch's step
     bit for bit, and a batched bf16 GEMM/norm need not round like torch's per-matrix ones.
-    "tf32" is the bucketed float32 step with TF32 GEMMs on CUDA."""
+    "tf32" is the bucketed float32 step with TF32 GEMMs on CUDA; "auto" is "tf32" when the
+    parameters are on CUDA, else "float32"."""
 
     def __init__(
         self,
@@ -146,8 +147,12 @@ class Muon(torch.optim.Muon):
             raise ValueError(f"bucket_size must be >= 1 or None, got {bucket_size}")
         on_cuda = any(p.is_cuda for group in self.param_groups for p in group["params"])
         self.ns_precision = resolve_ns_precision(ns_precision, on_cuda)
-        self.ns_dtype = torch.bfloat16 if self.ns_precision == "bfloat16" else torch.float32
         self.bucket_size = bucket_size
+
+    @property
+    def ns_dtype(self) -> torch.dtype:
+        """The dtype Newton–Schulz runs in (TF32 is float32 tensors on TF32 tensor cores)."""
+        return torch.bfloat16 if self.ns_precision == "bfloat16" else torch.float32
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -155,14 +160,13 @@ class Muon(torch.optim.Muon):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
-            if self.ns_precision == "bfloat16":
-                self._step_per_parameter(group)
-            elif self.ns_precision == "tf32":
-                with tf32_matmuls():
+        precision = tf32_matmuls() if self.ns_precision == "tf32" else contextlib.nullcontext()
+        with precision:
+            for group in self.param_groups:
+                if self.ns_precision == "bfloat16":
+                    self._step_per_parameter(group)
+                else:
                     self._step_bucketed(group)
-            else:
-                self._step_bucketed(group)
         return loss
 
     def _step_per_parameter(self, group: dict[str, Any]) -> None:
@@ -318,7 +322,7 @@ def build_optimizer(
 ) -> HybridOptimizer:
     """Split `named_params` (frozen ones are skipped) between Muon and AdamW; with
     `kind="adamw"` everything goes to AdamW. Group `lr` starts at `base_lr`.
-    `muon_ns_precision` "auto" resolves by the parameters' device."""
+    `muon_ns_precision` "auto" resolves by the parameters' device (in `Muon`)."""
     muon_named: list[tuple[str, nn.Parameter]] = []
     adamw_named: list[tuple[str, nn.Parameter]] = []
     for name, param in named_params:
@@ -340,7 +344,7 @@ def build_optimizer(
             nesterov=muon_nesterov,
             ns_steps=muon_ns_steps,
             adjust_lr_fn=muon_adjust_lr,
-            ns_precision=resolve_ns_precision(muon_ns_precision, on_cuda),
+            ns_precision=muon_ns_precision,
             bucket_size=muon_bucket_size,
         )
     adamw = None

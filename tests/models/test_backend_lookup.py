@@ -61,7 +61,8 @@ def test_the_loader_setup_installs_it(monkeypatch):
         ace_step_transformer._get_current_attention_backend is acestep_wrappers._attention_backend
     )
     # the stock flash check (also what modeling_ace_step imports) looks the name up in that
-    # module at call time, so it goes through ours
+    # module at call time, so it goes through ours (a canary on diffusers' internals: if an
+    # upgrade binds the name at import, the patch no longer reaches it)
     check = ace_step_transformer._is_flash_attention_backend
     assert check.__globals__ is vars(ace_step_transformer)
     assert "_get_current_attention_backend" in check.__code__.co_names

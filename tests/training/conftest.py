@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -109,10 +110,10 @@ def randomize() -> Callable[..., None]:
     return fill
 
 
-@pytest.fixture
-def merged_calls(monkeypatch) -> list[torch.Tensor]:
-    """The input x of every LoKR `MergedKron` call (recorded, then the real Function runs).
-    Eager only: a compiled region would trace the recording."""
+@contextlib.contextmanager
+def recording_merged_calls() -> Iterator[list[torch.Tensor]]:
+    """Inside: the input x of every LoKR `MergedKron` call (recorded, then the real Function
+    runs). Eager only: a compiled region would trace the recording."""
     from hotstep_ray.training import adapters
 
     seen: list[torch.Tensor] = []
@@ -122,5 +123,19 @@ def merged_calls(monkeypatch) -> list[torch.Tensor]:
         seen.append(x.detach())
         return apply(x, *rest)
 
-    monkeypatch.setattr(adapters.MergedKron, "apply", staticmethod(recording))
-    return seen
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(adapters.MergedKron, "apply", staticmethod(recording))
+        yield seen
+
+
+@pytest.fixture
+def merged_calls() -> Iterator[list[torch.Tensor]]:
+    """`recording_merged_calls` for a whole test."""
+    with recording_merged_calls() as seen:
+        yield seen
+
+
+@pytest.fixture
+def record_merged() -> Callable[[], contextlib.AbstractContextManager]:
+    """`recording_merged_calls` for part of a test (e.g. an eager call before dynamo traces)."""
+    return recording_merged_calls

@@ -84,7 +84,7 @@ def loss_and_grads(
 
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_adapted_block_is_one_graph_with_the_eager_gradients(
-    case: str, single_thread, monkeypatch
+    case: str, single_thread, monkeypatch, record_merged
 ) -> None:
     kind, mix, forward = CASES[case]
     monkeypatch.setattr(adapters, "KRON_MIX", mix)  # read at trace time
@@ -92,14 +92,7 @@ def test_adapted_block_is_one_graph_with_the_eager_gradients(
     monkeypatch.setattr(adapters, "KRON_MERGED_MIN_TOKENS", 1)  # the block holds 12-16 tokens
     block, inputs = block_and_inputs(kind)
     if forward == "merged":  # the merged Linear really runs in this block (checked eagerly)
-        seen: list[int] = []
-        original = adapters.MergedKron.apply
-        with monkeypatch.context() as patch, torch.no_grad():
-            patch.setattr(
-                adapters.MergedKron,
-                "apply",
-                staticmethod(lambda *args: seen.append(1) or original(*args)),
-            )
+        with record_merged() as seen, torch.no_grad():
             block(**inputs)
         assert len(seen) >= 4, seen  # at least the attention projections
 

@@ -101,6 +101,44 @@ def test_compiled_estimate_stays_above_measured_peaks(
     assert compiled < 0.85 * eager  # the eager model would waste a third of the GPU
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        AdapterSpec(kind="lora", rank=4, alpha=8),
+        AdapterSpec(kind="lokr", rank=4, alpha=4, factor=4, decompose_both=True),  # low-rank w2
+        AdapterSpec(kind="lokr", rank=2, alpha=4, factor=2, decompose_both=True),
+    ],
+)
+def test_adapter_matrices_are_the_injected_adapters(spec) -> None:
+    """The shapes the model (and the Muon bench) reason about are the parameters peft creates
+    in one layer of a real (tiny XL) DiT."""
+    from hotstep_ray.models.full_configs import build_dit
+    from hotstep_ray.models.tiny_dit import tiny_config
+    from hotstep_ray.training.dit_vram import adapter_matrices
+
+    config = tiny_config("xl-turbo")
+    transformer = build_dit(config, silence_frames=64).transformer
+    adapters.inject(transformer, spec)
+    layer0 = [
+        tuple(param.shape)
+        for name, param in adapters.trainable_parameters(transformer)
+        if ".layers.0." in f".{name}"
+    ]
+    assert sorted(layer0) == sorted(adapter_matrices(DitDims.from_config(config), spec))
+
+
+def test_checkpointed_merged_lokr_is_charged_one_layers_merged_weights(monkeypatch) -> None:
+    """The merged forward keeps no per-token LoKR activations; its W + ΔW copies count only for
+    the layers that keep their activations (plus the one being recomputed), so with every layer
+    checkpointed it must not be estimated above the factored path."""
+    dims = DIMS["2b"]
+    plan = Plan(6000, 1, dims.layers, dims.layers, 769)
+    merged = estimate(dims, LOKR512, plan, padded=False, compiled=True).total
+    monkeypatch.setattr(adapters, "KRON_FORWARD", "factored")
+    factored = estimate(dims, LOKR512, plan, padded=False, compiled=True).total
+    assert merged <= factored
+
+
 def _options(**overrides) -> TrainDitOptions:
     return TrainDitOptions(adapter_type="lora", rank=128, alpha=256, **overrides)
 

@@ -118,7 +118,7 @@ def test_a_lora_decoder_layer_compiles_to_one_graph(attention, checkpointed):
 
 @pytest.mark.parametrize("checkpointed", [0, 2], ids=["plain", "checkpointed"])
 def test_a_lokr_decoder_layer_with_merged_linears_is_one_graph_with_the_eager_gradients(
-    monkeypatch, checkpointed
+    monkeypatch, checkpointed, record_merged
 ):
     """LoKR's merged forward (`MergedKron`, the GPU's path for >= 1024 rows; the threshold is
     lowered for this 51-token batch) in a decoder layer: no graph break, and compiled (aot_eager)
@@ -129,12 +129,7 @@ def test_a_lokr_decoder_layer_with_merged_linears_is_one_graph_with_the_eager_gr
     batch = lm_data.collate(PACKED, ((0, 1),), pad_id=0, pad_multiple=64)
     args, kwargs = _layer_inputs(model, batch)
     layer = model.model.layers[1]
-    calls: list[int] = []
-    apply = adapters.MergedKron.apply
-    with monkeypatch.context() as patch, torch.no_grad():
-        patch.setattr(
-            adapters.MergedKron, "apply", staticmethod(lambda *a: calls.append(1) or apply(*a))
-        )
+    with record_merged() as calls, torch.no_grad():
         layer(*args, **kwargs)
     assert len(calls) == 7  # q, k, v, o, gate, up, down
     report = dynamo.explain(layer)(*args, **kwargs)
