@@ -1,21 +1,24 @@
 """CPU cost of preprocessing's decode task per song, on one thread (a decode task holds one CPU).
 
 Two measurements, each the best of `--repeat` wall-clock runs after one warm-up:
-- resampling one stereo 44.1 kHz song to 48 kHz: the whole filter bank as one strided conv1d
-  (every tap, the design before phase groups) against `preprocess.resample` at each
-  `PHASE_GROUPS` value of `--groups`;
+- resampling one stereo song at each `--rates` to 48 kHz: the whole filter bank as one strided
+  conv1d (`resample.resample_whole_bank`: every tap, the design before phase groups) against
+  `preprocess.resample` at each phase-group count of `--groups` (`phase_groups`; a count whose
+  groups would overlap runs that same conv1d, listed under `conv1d_at_groups`);
 - the whole decode task (`preprocess.audio_prep.prepare_audio`: probe, codec, stereo, resample,
-  cut, peak normalisation) of one song per container, written here as a 220 Hz tone plus noise
-  (in 1 s blocks: one long Vorbis write crashes libsndfile's encoder).
+  cut, peak normalisation) of one 44.1 kHz song per container, written here as a 220 Hz tone
+  plus noise (`audio.io.encode_audio`, in 1 s blocks: one long Vorbis write crashes
+  libsndfile's encoder).
 
     python3 bench/decode_bench.py --seconds 240 --out decode_bench.json
+    python3 bench/decode_bench.py --seconds 30 --rates 8000,16000,24000,32000,44100,96000 \\
+        --groups 4 --no-decode-task
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
 import time
@@ -23,16 +26,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, no install
 
+from hotstep_ray.audio.io import encode_audio  # noqa: E402
 from hotstep_ray.core.storage import Storage  # noqa: E402
 from hotstep_ray.preprocess import resample as resampling  # noqa: E402
 from hotstep_ray.preprocess.audio_prep import prepare_audio  # noqa: E402
 
-RATE = 44100
+RATE = 44100  # the decode task's songs
+NEW_RATE = 48000
 FORMATS = {".wav": "WAV", ".flac": "FLAC", ".mp3": "MP3", ".ogg": "OGG"}
 
 
@@ -46,66 +50,57 @@ def best_s(fn: Callable[[], object], repeat: int) -> float:
     return round(min(times), 3)
 
 
-def whole_bank(audio: torch.Tensor, orig: int, new: int) -> torch.Tensor:
-    """The filter bank as one strided conv1d over all its taps (zeros included)."""
-    gcd = math.gcd(orig, new)
-    up, down = new // gcd, orig // gcd
-    bank, half = resampling._filter_bank(
-        up, down, resampling.ZERO_CROSSINGS, resampling.ROLLOFF, resampling.KAISER_BETA
-    )
-    out_length = math.ceil(audio.shape[1] * up / down)
-    periods = math.ceil(out_length / up)
-    right = max(0, (periods - 1) * down + bank.shape[-1] - half - audio.shape[1])
-    padded = torch.nn.functional.pad(audio.unsqueeze(1), (half, right))
-    phases = torch.nn.functional.conv1d(padded, bank.float().unsqueeze(1), stride=down)[
-        ..., :periods
-    ]
-    return phases.transpose(1, 2).reshape(audio.shape[0], -1)[:, :out_length]
-
-
-def write_song(path: Path, seconds: float) -> None:
+def write_song(storage: Storage, key: str, seconds: float) -> None:
+    """A stereo 220 Hz tone plus noise at `RATE`, in the container `key`'s suffix names."""
     rng = np.random.default_rng(0)
-    frames = int(seconds * RATE)
-    with sf.SoundFile(path, "w", RATE, 2, format=FORMATS[path.suffix]) as handle:
-        for start in range(0, frames, RATE):
-            t = np.arange(start, min(frames, start + RATE)) / RATE
-            tone = 0.3 * np.sin(2 * np.pi * 220 * t)[:, None]
-            handle.write((tone + 0.05 * rng.standard_normal((len(t), 2))).astype(np.float32))
+    t = np.arange(int(seconds * RATE)) / RATE
+    tone = 0.3 * np.sin(2 * np.pi * 220 * t)  # [T]
+    audio = tone + 0.05 * rng.standard_normal((2, len(t)))  # [2, T] planar
+    storage.write_bytes(key, encode_audio(audio, RATE, FORMATS[Path(key).suffix]))
+
+
+def resample_times(rate: int, seconds: float, groups: list[int], repeat: int) -> dict:
+    """Seconds to resample `seconds` of stereo noise at `rate` to 48 kHz, per path."""
+    audio = 0.1 * torch.randn(2, int(seconds * rate), generator=torch.Generator().manual_seed(0))
+    row: dict = {
+        "conv1d_whole_bank": best_s(
+            lambda: resampling.resample_whole_bank(audio, rate, NEW_RATE), repeat
+        )
+    }
+    for count in groups:
+        row[f"groups_{count}"] = best_s(
+            lambda c=count: resampling.resample(audio, rate, NEW_RATE, phase_groups=c), repeat
+        )
+    row["conv1d_at_groups"] = [  # counts whose groups would overlap: `resample` ran the conv1d
+        count
+        for count in groups
+        if not resampling.uses_phase_groups(rate, NEW_RATE, phase_groups=count)
+    ]
+    return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=240.0, help="length of the song")
-    parser.add_argument("--groups", default="1,4,8,16", help="comma list of PHASE_GROUPS")
+    parser.add_argument("--rates", default=str(RATE), help="comma list of source rates, Hz")
+    parser.add_argument("--groups", default="1,4,8,16", help="comma list of phase-group counts")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--no-decode-task", action="store_true", help="time the resampling only")
     parser.add_argument("--out", type=Path, default=Path("decode_bench.json"))
     args = parser.parse_args()
     torch.set_num_threads(1)
-    audio = 0.1 * torch.randn(
-        2, int(args.seconds * RATE), generator=torch.Generator().manual_seed(0)
-    )
+    groups = [int(g) for g in args.groups.split(",")]
     report: dict = {"seconds": args.seconds, "threads": 1, "resample_s": {}, "decode_task_s": {}}
-    report["resample_s"]["conv1d_whole_bank"] = best_s(
-        lambda: whole_bank(audio, RATE, 48000), args.repeat
-    )
-    default = resampling.PHASE_GROUPS
-    try:
-        for groups in (int(g) for g in args.groups.split(",")):
-            resampling.PHASE_GROUPS = groups
-            resampling._phase_groups.cache_clear()
-            report["resample_s"][f"groups_{groups}"] = best_s(
-                lambda: resampling.resample(audio, RATE, 48000), args.repeat
-            )
-    finally:
-        resampling.PHASE_GROUPS = default
-        resampling._phase_groups.cache_clear()
-    with tempfile.TemporaryDirectory() as folder:
-        storage = Storage(folder)
-        for suffix in FORMATS:
-            write_song(Path(folder) / f"song{suffix}", args.seconds)
-            report["decode_task_s"][suffix] = best_s(
-                lambda s=suffix: prepare_audio(storage, f"song{s}"), args.repeat
-            )
+    for rate in (int(r) for r in args.rates.split(",")):
+        report["resample_s"][str(rate)] = resample_times(rate, args.seconds, groups, args.repeat)
+    if not args.no_decode_task:
+        with tempfile.TemporaryDirectory() as folder:
+            storage = Storage(folder)
+            for suffix in FORMATS:
+                write_song(storage, f"song{suffix}", args.seconds)
+                report["decode_task_s"][suffix] = best_s(
+                    lambda s=suffix: prepare_audio(storage, f"song{s}"), args.repeat
+                )
     print(json.dumps(report, indent=1))
     args.out.write_text(json.dumps(report, indent=1))
 

@@ -59,7 +59,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, no install
 
 from hotstep_ray.models import oobleck_kernels  # noqa: E402
-from hotstep_ray.preprocess import encode  # noqa: E402
 from hotstep_ray.preprocess.items import EncoderSettings  # noqa: E402
 
 SWITCH = {"auto": None, "on": True, "off": False}  # --release-cache values
@@ -378,7 +377,7 @@ def main() -> None:
     parser.add_argument(
         "--codes-frames-per-call",
         type=int,
-        default=encode.CODES_FRAMES_PER_CALL,  # the product default
+        default=EncoderSettings.codes_frames_per_call,  # the product default
         help="latent frames per audio-tokenizer call (its activations set the codes' peak)",
     )
     parser.add_argument(
@@ -420,7 +419,6 @@ def main() -> None:
         parser.error(f"--codes-margin must be >= 0, not {args.codes_margin}")
     if args.codes_frames_per_call < 1:
         parser.error(f"--codes-frames-per-call must be >= 1, not {args.codes_frames_per_call}")
-    encode.CODES_FRAMES_PER_CALL = args.codes_frames_per_call
     try:
         caps = [float(cap) for cap in args.memory_cap_gib.split(",")]
     except ValueError:
@@ -556,6 +554,7 @@ def main() -> None:
                     staged_upload=upload == "on",
                     codes_fast_pass=codes_pass,
                     codes_recheck_margin=args.codes_margin,
+                    codes_frames_per_call=args.codes_frames_per_call,
                     memory_cap_gib=cap,
                 )
                 fast = VAE_PATHS[path]
@@ -594,6 +593,7 @@ def main() -> None:
                         args.vae_overlap,
                         windows * chunk,
                         fast=encoder.fast_vae,
+                        staged_upload=settings.staged_upload,  # the case's own upload
                     )
                     mean = mean.cpu()
                     if reference_mean is None:

@@ -21,8 +21,7 @@ tokenizer calls already has.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -48,18 +47,14 @@ def resolve_fast_pass(setting: str, device: torch.device) -> str:
     return setting
 
 
-@contextmanager
-def reduced_precision(mode: str, device: torch.device) -> Iterator[None]:
+def reduced_precision(mode: str, device: torch.device) -> AbstractContextManager[object]:
     """Pass 1's precision. "bf16": autocast on the device type. "tf32": float32 tensors, TF32
     tensor-core matmuls and cuDNN convs (`core.precision.tf32_matmuls`)."""
     if mode == "bf16":
-        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
-            yield
-        return
-    if mode != "tf32":
-        raise ValueError(f"reduced precision is tf32 or bf16, not {mode!r}")
-    with tf32_matmuls():
-        yield
+        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+    if mode == "tf32":
+        return tf32_matmuls()
+    raise ValueError(f"reduced precision is tf32 or bf16, not {mode!r}")
 
 
 def fsq_brackets(quantizer: torch.nn.Module, pooled: torch.Tensor) -> torch.Tensor:

@@ -66,10 +66,6 @@ from hotstep_ray.preprocess.items import (
 from hotstep_ray.preprocess.model_paths import ModelPaths
 from hotstep_ray.preprocess.vae_tiles import encode_moments
 
-# Latent frames per audio-tokenizer call: one 240 s song. Its pass-1 activations set the encoder's
-# memory peak (H200, 8 x 240 s from pageable memory: two songs per call 2027 audio-s per GPU-s
-# at 8.10 GiB reserved, one song 2014 at 7.16 GiB; docs/BENCHMARKS.md).
-CODES_FRAMES_PER_CALL = 6_000
 TIMBRE_FRAMES = 750  # 30 s of 25 Hz frames: the reference-audio length inference uses
 
 
@@ -227,8 +223,8 @@ class Encoder:
     ) -> list[torch.Tensor]:
         """[T, 64] latents per song -> [ceil(T / 5)] int64 FSQ indices per song (the float32
         tokenizer's codes, silence-padded). Songs of equal length share a tokenizer call, up to
-        `CODES_FRAMES_PER_CALL` frames (fewer, larger calls are a little faster but peak
-        higher). Rows never mix: the tokenizer pools each 5-frame window of each row on its own.
+        `EncoderSettings.codes_frames_per_call` frames (fewer, larger calls are a little faster
+        but peak higher). Rows never mix: the tokenizer pools each 5-frame window of each row on its own.
 
         `fast_pass`: None = the settings' choice, else "auto" | "off" | "tf32" | "bf16" ("off":
         the bench's float32 reference). Counts land in `last_codes_stats`."""
@@ -236,12 +232,13 @@ class Encoder:
             self.codes_fast_pass if fast_pass is None else resolve_fast_pass(fast_pass, self.device)
         )
         margin = self.settings.codes_recheck_margin
+        per_call = self.settings.codes_frames_per_call  # latent frames
         groups: dict[int, list[int]] = defaultdict(list)
         for index, z in enumerate(latents):
             groups[z.shape[0]].append(index)
         calls = []
         for frames, members in groups.items():
-            rows = max(1, CODES_FRAMES_PER_CALL // max(1, frames))
+            rows = max(1, per_call // max(1, frames))
             calls += [members[i : i + rows] for i in range(0, len(members), rows)]
         out: list[torch.Tensor] = [torch.empty(0)] * len(latents)
         silence = self.dit.silence_latent.to(self.device)[None]  # [1, N, 64]
@@ -254,7 +251,7 @@ class Encoder:
             silence,
             mode,
             margin,
-            recheck_windows=CODES_FRAMES_PER_CALL // self.dit.audio_tokenizer.pool_window_size,
+            recheck_windows=per_call // self.dit.audio_tokenizer.pool_window_size,
         )
         for members, found in zip(calls, results, strict=True):
             for row, index in enumerate(members):
@@ -366,7 +363,9 @@ class Encoder:
             for z in latents
         ]
         wait_for_host(self.device)
-        host_latents, host_states, host_codes = host[:rows], host[rows : 2 * rows], host[2 * rows :]
+        # host: rows latents, rows states, rows codes, then the genre states of `genre_rows`
+        host_latents, host_states = host[:rows], host[rows : 2 * rows]
+        host_codes = host[2 * rows : 3 * rows]
         host_genre = dict(zip(genre_rows, host[3 * rows :], strict=True))
         out = []
         for index, item in enumerate(items):

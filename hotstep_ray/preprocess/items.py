@@ -72,6 +72,11 @@ class EncoderSettings:
     # an H200, 8 x 240 s, 0.0067-0.0072 levels, so 0.02 is ~3x that; 19.5 % of windows rechecked
     # (evenly spread brackets would give 1 - (1 - 2 * margin) ** 6 = 22 %).
     codes_recheck_margin: float = 0.02
+    # Latent frames per audio-tokenizer call (songs of equal length share a call; the float32
+    # recheck runs in chunks of as many windows): one 240 s song. Its pass-1 activations set the
+    # encoder's memory peak (H200, 8 x 240 s from pageable memory: two songs per call 2027
+    # audio-s per GPU-s at 8.10 GiB reserved, one song 2014 at 7.16 GiB; docs/BENCHMARKS.md).
+    codes_frames_per_call: int = 6_000
     # CUDA: cap this process's caching allocator at this many GiB (0 = no cap), so an actor
     # sharing a GPU frees cached blocks instead of growing past its share. No-op off CUDA.
     memory_cap_gib: float = 0.0
@@ -85,6 +90,10 @@ class EncoderSettings:
             raise ValueError(
                 "codes_recheck_margin must be a finite number >= 0 (FSQ level units), got "
                 f"{self.codes_recheck_margin!r}"
+            )
+        if self.codes_frames_per_call < 1:
+            raise ValueError(
+                f"codes_frames_per_call must be >= 1 latent frame, got {self.codes_frames_per_call!r}"
             )
         if not math.isfinite(self.memory_cap_gib) or self.memory_cap_gib < 0:
             raise ValueError(

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from hotstep_ray.preprocess.audio_prep import HOP_SAMPLES
-from hotstep_ray.preprocess.items import VAE_BATCH_FRAMES
+from hotstep_ray.preprocess.items import VAE_BATCH_FRAMES, EncoderSettings
 
 if TYPE_CHECKING:
     from hotstep_ray.models.oobleck_fast import FastOobleck
@@ -90,8 +90,9 @@ class SongUploads:
         self.dtype = dtype
         if not self.staged:
             self.songs = [a.to(device=device, dtype=dtype, non_blocking=True) for a in audios]
+            self.audios: list[torch.Tensor | None] = [None] * len(audios)  # every song sent
             return
-        self.audios: list[torch.Tensor | None] = list(audios)  # None once sent
+        self.audios = list(audios)  # None once sent
         self.songs = [torch.empty(a.shape, device=device, dtype=dtype) for a in audios]
         self.main = torch.cuda.current_stream(device)
         self.side = torch.cuda.Stream(device)
@@ -99,7 +100,7 @@ class SongUploads:
 
     def get(self, song: int) -> torch.Tensor:
         """Song `song` on the device ([2, S], VAE dtype), sent first if it was not yet."""
-        audio = self.audios[song] if self.staged else None
+        audio = self.audios[song]
         if audio is not None:
             host = torch.empty(audio.shape, dtype=self.dtype, pin_memory=True)
             host.copy_(audio)  # the dtype conversion, on the CPU while the GPU works
@@ -121,12 +122,13 @@ def encode_moments(
     batch_frames: int = VAE_BATCH_FRAMES,
     fast: FastOobleck | None = None,
     tail_step: int = TAIL_STEP,
-    staged_upload: bool = False,
+    staged_upload: bool = EncoderSettings.staged_upload,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """[2, S] float audio per song -> (mean [T, D], std [T, D]) float32 per song, T = S // 1920,
     D = latent channels (64), on the VAE's device. Windows of equal length from all songs run
     together, as many per forward as fit in `batch_frames` (at least one). `fast`: the
-    prepared fast path of this same VAE. `staged_upload`: see `SongUploads`."""
+    prepared fast path of this same VAE. `staged_upload`: see `SongUploads` (default: the
+    settings' default, `EncoderSettings.staged_upload`)."""
     if fast is not None and fast.vae is not vae:
         raise ValueError("`fast` wraps another VAE than `vae`")
     run_encoder = fast.encode if fast is not None else vae.encoder

@@ -19,7 +19,6 @@ from hotstep_ray.models.fsq_fast import (
     resolve_fast_pass,
     window_brackets,
 )
-from hotstep_ray.preprocess import encode as encode_module
 from hotstep_ray.preprocess.encode import Encoder, apply_memory_cap, memory_cap_fraction
 from hotstep_ray.preprocess.items import EncoderSettings
 from hotstep_ray.preprocess.model_paths import resolve_models
@@ -189,6 +188,7 @@ def test_resolve_fast_pass():
         ("codes_fast_pass", "fp16", "codes_fast_pass must be one of"),
         ("codes_recheck_margin", -0.01, "codes_recheck_margin must be"),
         ("codes_recheck_margin", float("nan"), "codes_recheck_margin must be"),
+        ("codes_frames_per_call", 0, "codes_frames_per_call must be >= 1"),
         ("memory_cap_gib", -1.0, "memory_cap_gib must be"),
         ("memory_cap_gib", float("inf"), "memory_cap_gib must be"),
     ],
@@ -202,6 +202,7 @@ def test_settings_defaults():
     settings = EncoderSettings()
     assert settings.codes_fast_pass == "auto"
     assert settings.codes_recheck_margin == 0.02
+    assert settings.codes_frames_per_call == 6000
     assert settings.memory_cap_gib == 0.0
 
 
@@ -250,10 +251,10 @@ def variant(encoder: Encoder, **changes) -> Encoder:
     return Encoder(*parts, replace(encoder.settings, **changes), encoder.device, encoder.dtype)
 
 
-def test_encoder_codes_bf16_equal_off(encoder, monkeypatch):
+def test_encoder_codes_bf16_equal_off(encoder):
     """Songs of two lengths (two groups; the 203-frame pair split across calls by a small
-    `CODES_FRAMES_PER_CALL`): the bf16 fast pass gives the "off" codes, and its counts add up."""
-    monkeypatch.setattr(encode_module, "CODES_FRAMES_PER_CALL", 250)
+    `codes_frames_per_call`): the bf16 fast pass gives the "off" codes, and its counts add up."""
+    encoder = variant(encoder, codes_frames_per_call=250)  # the variants below keep it
     songs = [latents(1, frames, seed=i)[0] for i, frames in enumerate((203, 203, 96))]
     assert encoder.codes_fast_pass == "off"  # "auto" on the CPU
     plain = encoder.codes(songs)

@@ -14,7 +14,7 @@ from conftest import LEFT_HZ, RIGHT_HZ, tone, write_tone
 
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.preprocess.audio_prep import AudioError, prepare_audio
-from hotstep_ray.preprocess.resample import resample
+from hotstep_ray.preprocess.resample import resample, resample_whole_bank
 
 RATE = 48000
 
@@ -63,24 +63,77 @@ def test_resample_lengths_identity_and_band_limit() -> None:
 )
 @pytest.mark.parametrize("length", [1, 37, 300, 9001])
 def test_grouped_phases_equal_the_whole_filter_bank(orig: int, new: int, length: int) -> None:
-    """The phase-grouped GEMMs give what the whole bank gives as one strided conv1d (every tap,
-    zeros included): up- and downsampling, a length shorter than the filter, odd lengths."""
+    """`resample` (phase-grouped GEMMs where they apply, else the conv1d) gives what the whole
+    bank gives as one strided conv1d (every tap, zeros included) in float64: up- and
+    downsampling, a length shorter than the filter, odd lengths."""
+    x = torch.randn(2, length, generator=torch.Generator().manual_seed(length), dtype=torch.float64)
+    want = resample_whole_bank(x, orig, new)
+    got = resample(x, orig, new)
+    assert want.dtype == torch.float64 and got.dtype == torch.float32
+    assert got.shape == want.shape == (2, math.ceil(length * new / orig))
+    assert (got.double() - want).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("orig", "gemms"),
+    [
+        (44100, True),  # 160 / 147: 4 groups of ~104 taps, rows 147 apart
+        (22050, True),
+        (8000, False),  # 6 / 1: 69-tap groups, rows 1 apart
+        (16000, False),
+        (24000, False),
+        (32000, False),  # 3 / 2
+        (96000, False),  # 1 / 2: one 137-tap phase
+        (48000, False),  # equal rates: a copy
+    ],
+)
+def test_overlapping_groups_run_the_whole_bank_as_conv1d(
+    orig: int, gemms: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group spanning more taps than `down` would make its window view's rows overlap, and the
+    matmul would copy the whole view (4-20x slower, gigabytes per song): those ratios run the
+    whole bank as one conv1d instead, with the same values."""
     from hotstep_ray.preprocess import resample as module
 
-    up, down = new // math.gcd(orig, new), orig // math.gcd(orig, new)
-    bank, half = module._filter_bank(
-        up, down, module.ZERO_CROSSINGS, module.ROLLOFF, module.KAISER_BETA
-    )
-    x = torch.randn(2, length, generator=torch.Generator().manual_seed(length), dtype=torch.float64)
-    out_length = math.ceil(length * up / down)
-    periods = math.ceil(out_length / up)
-    right = max(0, (periods - 1) * down + bank.shape[-1] - half - length)
-    padded = torch.nn.functional.pad(x.unsqueeze(1), (half, right))
-    whole = torch.nn.functional.conv1d(padded, bank.unsqueeze(1), stride=down)[..., :periods]
-    want = whole.transpose(1, 2).reshape(2, -1)[:, :out_length]
-    got = resample(x, orig, new)
-    assert got.shape == want.shape == (2, out_length)
+    assert module.uses_phase_groups(orig, RATE) is gemms
+    up, down = RATE // math.gcd(orig, RATE), orig // math.gcd(orig, RATE)
+    if up != down:
+        args = (module.ZERO_CROSSINGS, module.ROLLOFF, module.KAISER_BETA, module.PHASE_GROUPS)
+        _, _, groups = module._phase_groups(up, down, *args)
+        assert (groups is not None) is gemms
+        assert groups is None or all(hi - lo <= down for _, _, lo, hi, _ in groups)
+    calls: list[tuple[int, ...]] = []
+    conv1d = torch.nn.functional.conv1d
+
+    def spy(signal: torch.Tensor, weight: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        calls.append(tuple(weight.shape))
+        return conv1d(signal, weight, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "conv1d", spy)
+    x = torch.randn(2, 3001, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    got = resample(x, orig, RATE)
+    assert len(calls) == (0 if gemms or up == down else 1)
+    calls.clear()
+    want = resample_whole_bank(x, orig, RATE)
     assert (got.double() - want).abs().max() < 1e-5
+    assert len(calls) == (0 if up == down else 1)  # the reference is the conv1d itself
+
+
+def test_phase_group_count_is_part_of_the_cache_key() -> None:
+    """The group count is an argument of the cached `_phase_groups`, not a global it reads."""
+    from hotstep_ray.preprocess import resample as module
+
+    args = (160, 147, module.ZERO_CROSSINGS, module.ROLLOFF, module.KAISER_BETA)
+    assert len(module._phase_groups(*args)[2]) == module.PHASE_GROUPS
+    assert len(module._phase_groups(*args, 8)[2]) == 8
+    assert module._phase_groups(*args, 1)[2] is None  # one group: all 215 taps, rows 147 apart
+    x = torch.randn(2, 4410, generator=torch.Generator().manual_seed(2))
+    want = resample_whole_bank(x.double(), 44100, RATE)
+    for count in (1, 4, 8, 16):
+        got = resample(x, 44100, RATE, phase_groups=count)
+        assert (got.double() - want).abs().max() < 1e-5
+    with pytest.raises(ValueError, match="phase_groups must be >= 1"):
+        resample(x, 44100, RATE, phase_groups=0)
 
 
 @pytest.mark.parametrize("suffix", [".wav", ".flac", ".ogg", ".mp3"])

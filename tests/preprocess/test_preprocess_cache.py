@@ -163,10 +163,9 @@ def test_another_seed_draws_another_posterior_sample(plain_run) -> None:
     torch.testing.assert_close(batched[0], single, atol=1e-5, rtol=1e-5)
 
 
-def test_batched_codes_equal_per_song_codes(plain_run, monkeypatch) -> None:
+def test_batched_codes_equal_per_song_codes(plain_run) -> None:
     """Songs of equal length share one tokenizer call; each row's codes equal its own call's,
     including a length that needs silence padding (23 frames -> 5 codes) and a lone length."""
-    from hotstep_ray.preprocess import encode as encode_module
     from hotstep_ray.preprocess.encode import Encoder
     from hotstep_ray.preprocess.items import EncoderSettings
     from hotstep_ray.preprocess.model_paths import resolve_models
@@ -177,8 +176,9 @@ def test_batched_codes_equal_per_song_codes(plain_run, monkeypatch) -> None:
     generator = torch.Generator().manual_seed(5)
     latents = [torch.randn(frames, 64, generator=generator) for frames in (23, 40, 23, 23)]
     batched = encoder.codes(latents)
-    monkeypatch.setattr(encode_module, "CODES_FRAMES_PER_CALL", 50)  # 23-frame songs: 2 per call
-    split = encoder.codes(latents)
+    parts = (encoder.vae, encoder.text_encoder, encoder.tokenizer, encoder.dit)
+    settings = EncoderSettings(codes_frames_per_call=50)  # 23-frame songs: 2 per call
+    split = Encoder(*parts, settings, encoder.device, encoder.dtype).codes(latents)
     singles = [encoder.codes([z])[0] for z in latents]
     assert [c.shape[0] for c in batched] == [5, 8, 5, 5]
     for got, cut, want in zip(batched, split, singles, strict=True):
