@@ -96,6 +96,9 @@ def run(
     lokr_alpha: float | None = typer.Option(None),
     lokr_factor: int | None = typer.Option(None),
     optimizer: str | None = typer.Option(None, help="muon or adamw."),
+    muon_ns_precision: str | None = typer.Option(
+        None, help="Muon's Newton-Schulz: auto (TF32 on CUDA), float32, tf32 or bfloat16."
+    ),
     lr: float | None = typer.Option(None, help="Peak learning rate."),
     epochs: int | None = typer.Option(None),
     grad_accum: int | None = typer.Option(None),
@@ -168,6 +171,7 @@ def run(
         "lokr_alpha": lokr_alpha,
         "lokr_factor": lokr_factor,
         "optimizer": optimizer,
+        "muon_ns_precision": muon_ns_precision,
         "learning_rate": lr,
         "epochs": epochs,
         "grad_accum": grad_accum,

@@ -208,8 +208,21 @@ def test_muon_precision_option_reaches_the_optimizer(tiny, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(lm, "build_optimizer", spy)
-    lm.setup_lm(make_spec(folder, optimizer="muon", muon_ns_precision="tf32"), storage)
+    spec = make_spec(folder, codes=SIX, optimizer="muon", muon_ns_precision="tf32")
+    lm.setup_lm(spec, storage)
     assert seen["kind"] == "muon" and seen["muon_ns_precision"] == "tf32"
+    seen.clear()  # and from the command line
+    from hotstep_ray.cli.train_lm_cmd import app
+
+    args = [
+        "run", "band", "--data", storage.url, "--checkpoints", str(folder.parent),
+        "--size", "0.6B", "--codes", SIX, "--epochs", "1", "--adapter-type", "lora",
+        "--rank", "4", "--no-loss-on-cot", "--init-adapter", "", "--artist", "ns",
+        "--stages", "train", "--optimizer", "muon", "--muon-ns-precision", "bfloat16",
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert seen["kind"] == "muon" and seen["muon_ns_precision"] == "bfloat16"
 
 
 @pytest.mark.slow
