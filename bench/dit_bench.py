@@ -512,9 +512,12 @@ class Report:
 
     def add(self, row: dict[str, Any]) -> None:
         self.data["rows"].append(row)
-        names = ("model", "adapter", "compile", "attention", "crop", "batch")
-        shown = {k: row.get(k) for k in names}
-        numbers = {k: row.get(k) for k in ("step_ms", "audio_s_per_s", "mfu", "peak_gib")}
+        # one line per row, all a device script needs to grep ('"step_ms"') instead of reading
+        # the JSON back
+        keys = ("model", "adapter", "compile", "attention", "crop", "batch")
+        shown = {k: row.get(k) for k in keys}
+        measured = ("step_ms", "audio_s_per_s", "mfu", "peak_gib", "peak_reserved_gib")
+        numbers = {k: row[k] for k in (*measured, "optimizer_ms") if k in row}
         print(json.dumps({**shown, **numbers, "error": row.get("error", "")[:200]}), flush=True)
         self.write()
 
