@@ -134,6 +134,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--profile", action="store_true", help="profile one step of each crop's first batch"
     )
+    parser.add_argument(
+        "--profile-top", type=int, default=12, help="kernels listed by time in a profile"
+    )
     parser.add_argument("--tiny", action="store_true", help="tiny model (dry run of the script)")
     parser.add_argument("--device", default="cuda")
     return parser.parse_args()
@@ -348,8 +351,9 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
     return row
 
 
-def profile_step(run: dit.DitRun) -> dict[str, Any]:
-    """Kernel count and GPU kernel time of one step (the peers lost most of a step to launches)."""
+def profile_step(run: dit.DitRun, top_n: int = 12) -> dict[str, Any]:
+    """Kernel count and GPU kernel time of one step (the peers lost most of a step to launches),
+    and the `top_n` kernel names by summed time with their call counts."""
     from torch.profiler import ProfilerActivity, profile
 
     window = [tuple(range(run.fit.batch))]
@@ -358,14 +362,17 @@ def profile_step(run: dit.DitRun) -> dict[str, Any]:
         synchronize(run.device)
     kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
     busy_us = sum(e.device_time for e in kernels)
-    top: dict[str, float] = {}
+    top: dict[str, list[float]] = {}
     for event in kernels:
-        top[event.name] = top.get(event.name, 0.0) + event.device_time
-    ranked = sorted(top.items(), key=lambda kv: -kv[1])[:12]
+        entry = top.setdefault(event.name, [0.0, 0])
+        entry[0] += event.device_time
+        entry[1] += 1
+    ranked = sorted(top.items(), key=lambda kv: -kv[1][0])[:top_n]
     return {
         "kernels": len(kernels),
         "kernel_ms": round(busy_us / 1000, 2),
-        "top_kernels_ms": {name[:80]: round(us / 1000, 2) for name, us in ranked},
+        "top_kernels_ms": {name[:120]: round(us / 1000, 2) for name, (us, _) in ranked},
+        "top_kernels_calls": {name[:120]: calls for name, (_, calls) in ranked},
     }
 
 
@@ -660,7 +667,7 @@ def main() -> int:
                                     report.write()
                                     row["profile"]["optimizer"] = profile_optimizer(run)
                                     report.write()
-                                    row["profile"].update(profile_step(run))
+                                    row["profile"].update(profile_step(run, args.profile_top))
                                     report.write()
                                     row["profile"]["cpu_top"] = cpu_profile(run)
                             except Exception as exc:  # the timing row stands without it

@@ -42,6 +42,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from hotstep_ray.core.errors import InputError
+from hotstep_ray.training import kron_kernels
 
 ADAPTER_NAME = "default"  # peft's default; PeftModel.from_pretrained uses it too
 DIT_ATTENTION_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")  # diffusers AceStep self+cross attn
@@ -269,14 +270,17 @@ class KronMix(torch.autograd.Function):
 
 def w1_grad(dy: torch.Tensor, h: torch.Tensor, a: int, c: int) -> torch.Tensor:
     """`[a, c]`: Σ over every token and column of dy[.., i, :] · h[.., j, :], for dy viewed
-    `[tokens, a, b]` and h `[tokens, c, b]`: one [a, b] @ [b, c] per token straight from the
-    activations' own layout, then a float32 sum over tokens. One GEMM with K = tokens·b needs
-    both operands copied into that layout first, and was slower (H200, 2B LoKR 512, batch 2:
-    202.0 vs 214.2 ms per step; docs/BENCHMARKS.md, eighth device run)."""
+    `[tokens, a, b]` and h `[tokens, c, b]`, straight from the activations' own layout, summed in
+    float32 (float64 stays float64). On CUDA in half precision with a, c <= 8: one Triton pass
+    over both (`kron_kernels.pair_sums`); elsewhere one [a, b] @ [b, c] per token, then the sum
+    over tokens. One GEMM with K = tokens·b needs both operands copied into that layout first,
+    and was slower (H200, 2B LoKR 512, batch 2: 202.0 vs 214.2 ms per step; docs/BENCHMARKS.md,
+    eighth device run)."""
     b = h.shape[-1]
-    per_token = torch.bmm(dy.reshape(-1, a, b), h.reshape(-1, c, b).transpose(1, 2))
-    wide = torch.promote_types(per_token.dtype, torch.float32)  # fp64 stays fp64
-    return per_token.sum(0, dtype=wide)
+    x, y = dy.reshape(-1, a, b), h.reshape(-1, c, b)
+    if kron_kernels.kernel_applies(x, y):
+        return kron_kernels.pair_sums(x, y)
+    return kron_kernels.pair_sums_bmm(x, y)
 
 
 def _merged_weight(

@@ -1,0 +1,82 @@
+"""LoKR's w1-gradient reduction on one GPU: the Triton kernel against the batched GEMM.
+
+For the shapes a 2B / XL LoKR 512 step feeds `adapters.w1_grad` (bf16, 3000 and 6000 tokens: a
+240 s song at batch 1 and 2), one line per shape: the self-check's verdict, the kernel's largest
+difference from a float32 batched GEMM of the same inputs, the median time of each path (CUDA
+events, 50 calls after 5 warm-up calls) and the bandwidth the kernel reaches (bytes of x and y
+read once per call).
+
+  device:   python bench/kron_kernel_bench.py --out $OUT/kron_kernel.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from the checkout
+
+from hotstep_ray.training import kron_kernels  # noqa: E402
+
+# (name, a, c, n): x [tokens, a, n], y [tokens, c, n] as `MergedKron.backward` passes them
+SHAPES = (
+    ("2b attention 2048x2048", 4, 4, 512),
+    ("2b mlp gate/up 2048->6144", 6, 4, 1024),
+    ("2b mlp down 6144->2048", 4, 6, 1024),
+    ("xl attention 2560x2560", 5, 5, 512),
+)
+
+
+def timed_ms(fn, x: torch.Tensor, y: torch.Tensor, repeats: int = 50, warmup: int = 5) -> float:
+    """Median ms of `fn(x, y)`."""
+    for _ in range(warmup):
+        fn(x, y)
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(x, y)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("kron_kernel.json"))
+    parser.add_argument("--tokens", default="3000,6000")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    dtype = torch.bfloat16
+    verdict = kron_kernels.triton_passes(device, dtype)
+    rows = []
+    for tokens in (int(t) for t in args.tokens.split(",")):
+        for name, a, c, n in SHAPES:
+            x = torch.randn(tokens, a, n, device=device, dtype=dtype)
+            y = torch.randn(tokens, c, n, device=device, dtype=dtype)
+            row = {"shape": name, "tokens": tokens, "a": a, "c": c, "n": n, "self_check": verdict}
+            row["bmm_ms"] = round(timed_ms(kron_kernels.pair_sums_bmm, x, y), 4)
+            try:
+                want = kron_kernels.pair_sums_bmm(x.float(), y.float())
+                got = kron_kernels.pair_sums_triton(x, y)
+                row["max_abs_diff"] = (got - want).abs().max().item()
+                row["scale"] = want.abs().max().item()
+                row["triton_ms"] = round(timed_ms(kron_kernels.pair_sums_triton, x, y), 4)
+                moved = (x.numel() + y.numel()) * x.element_size()
+                row["triton_gb_s"] = round(moved / row["triton_ms"] / 1e6, 1)
+            except Exception as exc:  # the bmm row stands without it
+                row["error"] = repr(exc)[:400]
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    args.out.write_text(json.dumps({"rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

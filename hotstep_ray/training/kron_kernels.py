@@ -1,0 +1,257 @@
+"""LoKR's w1 gradient as one Triton reduction on the GPU.
+
+The w1 gradient of a LoKR Linear (`adapters.w1_grad`) is `Σ_t Σ_n x[t, i, n] · y[t, k, n]` for
+x `[tokens, a, n]` and y `[tokens, c, n]` (the output gradient and an activation, one side
+already through w2), a tiny `[a, c]` result (4 × 4 on most 2B layers) reduced over every token.
+torch runs it as a batched GEMM of one `[a, n] @ [n, c]` per token, which cuBLAS executes with
+16 × 16-tile sm80 WMMA kernels at about a tenth of the H200's memory bandwidth: 5.39 ms of an
+88-96 ms batch-1 step over 216 calls, the largest LoKR-only kernel (H200, 2B LoKR 512, 6000
+frames; docs/BENCHMARKS.md, eleventh device run). The work is a memory pass: reading x and y
+once is ~5 µs per 2048-wide layer at 3000 tokens.
+
+`pair_sums_kernel`: each program owns `tokens_per_program` tokens and multiplies all of their
+(token, row) pairs of x with all of y on the tensor cores, `[BT·A, BN] @ [BN, BT·C]` per step of
+BN columns, then keeps the same-token entries and sums them into one `[a, c]` partial. The
+cross-token products it throws away cost nothing that matters (BT-fold more multiply-adds than
+needed, still ~1 GFLOP per layer); x and y are read exactly once. Partials are summed by torch
+in a fixed order, so the result does not depend on scheduling. `pair_sums_blocked` is the same
+algorithm in torch, for the CPU tests; on the GPU a self-check compares the kernel with the
+batched GEMM before first use and falls back to it on any mismatch.
+
+Importing this module needs no Triton and no GPU; the kernel is built at its first use.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# Rows a or c above this take the batched GEMM: a larger w1 (LoKR factor -1 on a 2048-wide layer
+# gives 32 × 64) makes each token's GEMM large enough for cuBLAS, and the kernel's accumulator
+# (tokens_per_program · a × tokens_per_program · c) would outgrow the registers.
+MAX_ROWS = 8
+COLUMNS_PER_STEP = 64  # BN: with 3 stages ~72 KB of shared memory per program at a = c = 8
+_TRITON: dict[str, object] = {}
+
+
+def pair_sums_bmm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """`[a, c]` = Σ over tokens and columns of x[t, i, :] · y[t, k, :], for x `[tokens, a, n]`
+    and y `[tokens, c, n]`: one `[a, n] @ [n, c]` per token, then a float32 sum over tokens
+    (float64 stays float64). The reference, and the path off CUDA."""
+    per_token = torch.bmm(x, y.transpose(1, 2))
+    wide = torch.promote_types(per_token.dtype, torch.float32)
+    return per_token.sum(0, dtype=wide)
+
+
+def padded_rows(rows: int) -> int:
+    """A or C of the kernel: `rows` rounded up to a power of two."""
+    return 1 << max(rows - 1, 0).bit_length()
+
+
+def tokens_per_program(a_pad: int, c_pad: int) -> int:
+    """BT: at least 16 rows on each side of the tensor-core product (its smallest tile) and about
+    64 rows on the larger side."""
+    return max(16 // min(a_pad, c_pad), 64 // max(a_pad, c_pad))
+
+
+def pair_sums_blocked(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """`pair_sums_bmm`'s result computed as `pair_sums_kernel` computes it, in torch: tokens in
+    blocks of BT, rows padded to powers of two, one product of every (token, row) of x with every
+    (token, row) of y per block, the same-token entries kept and summed per block, the blocks'
+    partials summed. For the CPU tests of the kernel's indexing and masking."""
+    tokens, a, n = x.shape
+    c = y.shape[1]
+    a_pad, c_pad = padded_rows(a), padded_rows(c)
+    bt = tokens_per_program(a_pad, c_pad)
+    blocks = -(-tokens // bt)
+    wide = torch.promote_types(x.dtype, torch.float32)
+    xp = x.new_zeros(blocks * bt, a_pad, n, dtype=wide)
+    yp = y.new_zeros(blocks * bt, c_pad, n, dtype=wide)
+    xp[:tokens, :a] = x
+    yp[:tokens, :c] = y
+    rows_a = xp.reshape(blocks, bt * a_pad, n)  # row r = token_in_block · A + i
+    rows_c = yp.reshape(blocks, bt * c_pad, n)
+    products = rows_a @ rows_c.transpose(1, 2)  # [blocks, BT·A, BT·C]
+    same = (torch.arange(bt * a_pad)[:, None] // a_pad) == (torch.arange(bt * c_pad)[None] // c_pad)
+    kept = torch.where(same.to(x.device), products, torch.zeros((), dtype=wide, device=x.device))
+    partials = kept.reshape(blocks, bt, a_pad, bt, c_pad).sum((1, 3))  # [blocks, A, C]
+    return partials[:, :a, :c].sum(0)  # contiguous [a, c], as the fake op says
+
+
+def _kernel():
+    """The Triton kernel, or None where Triton does not import."""
+    if "kernel" in _TRITON:
+        return _TRITON["kernel"]
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        _TRITON["kernel"] = None
+        return None
+
+    @triton.jit
+    def pair_sums_kernel(
+        x_ptr,
+        y_ptr,
+        out_ptr,
+        tokens,
+        cols,
+        sx_t,
+        sx_i,
+        sy_t,
+        sy_k,
+        A: tl.constexpr,
+        C: tl.constexpr,
+        AP: tl.constexpr,
+        CP: tl.constexpr,
+        BT: tl.constexpr,
+        BN: tl.constexpr,
+    ):
+        block = tl.program_id(0)
+        ra = tl.arange(0, BT * AP)  # row = token_in_block · AP + i
+        rc = tl.arange(0, BT * CP)
+        ta = block * BT + ra // AP
+        tc = block * BT + rc // CP
+        ia = ra % AP
+        kc = rc % CP
+        live_a = (ta < tokens) & (ia < A)
+        live_c = (tc < tokens) & (kc < C)
+        start_a = ta.to(tl.int64) * sx_t + ia * sx_i
+        start_c = tc.to(tl.int64) * sy_t + kc * sy_k
+        acc = tl.zeros((BT * AP, BT * CP), dtype=tl.float32)
+        for n0 in range(0, cols, BN):
+            n = n0 + tl.arange(0, BN)
+            in_n = n < cols
+            xa = tl.load(
+                x_ptr + start_a[:, None] + n[None, :],
+                mask=live_a[:, None] & in_n[None, :],
+                other=0.0,
+            )
+            yc = tl.load(
+                y_ptr + start_c[:, None] + n[None, :],
+                mask=live_c[:, None] & in_n[None, :],
+                other=0.0,
+            )
+            acc = tl.dot(xa, tl.trans(yc), acc)
+        same = (ra[:, None] // AP) == (rc[None, :] // CP)
+        acc = tl.where(same, acc, 0.0)
+        part = tl.sum(tl.sum(tl.reshape(acc, (BT, AP, BT, CP)), axis=2), axis=0)  # [AP, CP]
+        i = tl.arange(0, AP)
+        k = tl.arange(0, CP)
+        tl.store(out_ptr + block * AP * CP + i[:, None] * CP + k[None, :], part)
+
+    _TRITON["kernel"] = pair_sums_kernel
+    return pair_sums_kernel
+
+
+def pair_sums_triton(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """`pair_sums_bmm`'s `[a, c]` float32 result from `pair_sums_kernel` (CUDA, bf16/fp16)."""
+    kernel = _kernel()
+    if kernel is None:
+        raise RuntimeError("pair_sums_triton needs Triton")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if y.stride(-1) != 1:
+        y = y.contiguous()
+    tokens, a, n = x.shape
+    c = y.shape[1]
+    a_pad, c_pad = padded_rows(a), padded_rows(c)
+    bt = tokens_per_program(a_pad, c_pad)
+    blocks = -(-tokens // bt)
+    partials = torch.empty(blocks, a_pad, c_pad, dtype=torch.float32, device=x.device)
+    kernel[(blocks,)](
+        x,
+        y,
+        partials,
+        tokens,
+        n,
+        x.stride(0),
+        x.stride(1),
+        y.stride(0),
+        y.stride(1),
+        A=a,
+        C=c,
+        AP=a_pad,
+        CP=c_pad,
+        BT=bt,
+        BN=COLUMNS_PER_STEP,
+        num_warps=4,
+        num_stages=3,
+    )
+    return partials[:, :a, :c].sum(0)  # contiguous [a, c], as the fake op says
+
+
+_VERDICTS: dict[tuple[torch.device, torch.dtype], bool] = {}  # self-check results
+
+
+def triton_passes(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the kernel gives the batched GEMM's result on this device and dtype (uneven token
+    counts; a = c = 4 as on most 2B layers, a = 6 against c = 4 as on its MLP, odd sizes). Run
+    once per (device, dtype) and process; a failure is logged and callers keep the batched GEMM.
+    Inside a CUDA-graph capture it cannot run (it synchronises): an unchecked pair then reads
+    False for that call."""
+    key = (torch.device(device), dtype)
+    if key in _VERDICTS:
+        return _VERDICTS[key]
+    if _kernel() is None:
+        _VERDICTS[key] = False
+        return False
+    if torch.cuda.is_current_stream_capturing():
+        return False
+    _VERDICTS[key] = _self_check(device, dtype)
+    return _VERDICTS[key]
+
+
+def _self_check(device: torch.device, dtype: torch.dtype) -> bool:
+    try:
+        g = torch.Generator(device=device).manual_seed(0)
+        for tokens, a, c, n in ((1003, 4, 4, 512), (77, 6, 4, 1024), (5, 3, 5, 96)):
+            x = torch.randn(tokens, a, n, device=device, dtype=dtype, generator=g)
+            y = torch.randn(tokens, c, n, device=device, dtype=dtype, generator=g)
+            want = pair_sums_bmm(x.float(), y.float())
+            got = pair_sums_triton(x, y)
+            # the same half-precision inputs, both accumulated in float32: only the order of
+            # the additions differs
+            if not torch.allclose(got, want, rtol=1e-4, atol=1e-4 * (tokens * n) ** 0.5):
+                log.warning(
+                    "LoKR w1-gradient kernel disagrees with the batched GEMM on %s %s "
+                    "(max |diff| %.3g); using the batched GEMM",
+                    device,
+                    dtype,
+                    (got - want).abs().max().item(),
+                )
+                return False
+    except Exception as exc:  # a Triton or driver failure: keep the torch path
+        log.warning("LoKR w1-gradient kernel unusable on %s %s (%r)", device, dtype, exc)
+        return False
+    return True
+
+
+def kernel_applies(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether `pair_sums` may take the kernel for these operands (before the self-check)."""
+    return (
+        x.is_cuda
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and y.dtype == x.dtype
+        and max(x.shape[1], y.shape[1]) <= MAX_ROWS
+    )
+
+
+@torch.library.custom_op("hotstep::kron_pair_sums", mutates_args=())
+def pair_sums(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """`pair_sums_bmm(x, y)`, through the kernel where it applies and passed its self-check.
+    An opaque op: torch.compile calls it as it is, and CUDA graphs capture its launches. Its
+    first call on a device runs the self-check; the CUDA-graph trees' eager warm-up reaches it
+    before any capture."""
+    if kernel_applies(x, y) and triton_passes(x.device, x.dtype):
+        return pair_sums_triton(x, y)
+    return pair_sums_bmm(x, y)
+
+
+@pair_sums.register_fake
+def _pair_sums_shape(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    wide = torch.promote_types(x.dtype, torch.float32)
+    return x.new_empty((x.shape[1], y.shape[1]), dtype=wide)

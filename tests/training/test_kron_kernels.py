@@ -1,0 +1,99 @@
+"""LoKR's w1-gradient reduction (`training.kron_kernels`): the Triton kernel's algorithm in torch
+against the batched GEMM, its block sizes, the custom op's registration, and `w1_grad`'s routing.
+The kernel itself runs only on CUDA; there it is compared with the batched GEMM at first use."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hotstep_ray.training import adapters, kron_kernels
+
+SHAPES = [
+    (1003, 4, 4, 512),  # uneven token count, the 2B's 4 x 4 w1
+    (77, 6, 4, 1024),  # the 2B MLP's a = 6 against c = 4
+    (5, 3, 5, 96),  # rows padded to 4 and 8, columns not a multiple of the kernel's step
+    (1, 1, 1, 16),
+    (33, 8, 2, 70),
+    (16, 2, 8, 64),  # exactly one block
+]
+
+
+@pytest.mark.parametrize(("tokens", "a", "c", "n"), SHAPES)
+def test_blocked_algorithm_gives_the_batched_gemm(tokens: int, a: int, c: int, n: int) -> None:
+    g = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, a, n, dtype=torch.float64, generator=g)
+    y = torch.randn(tokens, c, n, dtype=torch.float64, generator=g)
+    want = torch.einsum("tin,tkn->ik", x, y)
+    torch.testing.assert_close(kron_kernels.pair_sums_bmm(x, y), want, rtol=1e-12, atol=1e-9)
+    torch.testing.assert_close(kron_kernels.pair_sums_blocked(x, y), want, rtol=1e-12, atol=1e-9)
+
+
+def test_blocked_algorithm_drops_cross_token_products() -> None:
+    """Tokens whose rows are orthogonal across tokens: any cross-token product kept would show."""
+    x = torch.zeros(32, 4, 64, dtype=torch.float64)
+    y = torch.zeros(32, 4, 64, dtype=torch.float64)
+    for t in range(32):
+        x[t, :, 2 * t] = 1.0  # token t lives in column 2t on the x side ...
+        y[t, :, 2 * ((t + 1) % 32)] = 1.0  # ... and the next token's column on the y side
+    assert kron_kernels.pair_sums_blocked(x, y).abs().max() == 0
+    y2 = x.clone()
+    assert torch.equal(kron_kernels.pair_sums_blocked(x, y2), torch.full((4, 4), 32.0).double())
+
+
+def test_block_sizes_fit_the_tensor_cores_and_registers() -> None:
+    for a in range(1, kron_kernels.MAX_ROWS + 1):
+        for c in range(1, kron_kernels.MAX_ROWS + 1):
+            a_pad, c_pad = kron_kernels.padded_rows(a), kron_kernels.padded_rows(c)
+            assert a_pad >= a and a_pad & (a_pad - 1) == 0 and a_pad < 2 * a
+            bt = kron_kernels.tokens_per_program(a_pad, c_pad)
+            assert bt & (bt - 1) == 0
+            assert min(bt * a_pad, bt * c_pad) >= 16  # tl.dot's smallest tile
+            assert max(bt * a_pad, bt * c_pad) <= 128  # accumulator <= 128 x 128 float32
+
+
+def test_the_kernel_applies_only_to_cuda_half_precision_small_w1() -> None:
+    x = torch.randn(8, 4, 32, dtype=torch.bfloat16)
+    assert not kron_kernels.kernel_applies(x, x)  # CPU
+    meta = torch.empty(8, 4, 32, dtype=torch.bfloat16, device="meta")
+    assert not kron_kernels.kernel_applies(meta, meta)
+
+
+def test_without_triton_the_self_check_says_no(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kron_kernels, "_TRITON", {"kernel": None})
+    monkeypatch.setattr(kron_kernels, "_VERDICTS", {})
+    assert not kron_kernels.triton_passes(torch.device("cpu"), torch.bfloat16)
+    assert kron_kernels._VERDICTS == {(torch.device("cpu"), torch.bfloat16): False}
+    with pytest.raises(RuntimeError, match="needs Triton"):
+        kron_kernels.pair_sums_triton(torch.zeros(1, 1, 16), torch.zeros(1, 1, 16))
+
+
+def test_custom_op_schema_fake_shape_and_compiled_call() -> None:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(12, 4, 32, generator=g)
+    y = torch.randn(12, 6, 32, generator=g)
+    torch.library.opcheck(kron_kernels.pair_sums, (x, y))
+    compiled = torch.compile(
+        lambda p, q: kron_kernels.pair_sums(p, q) * 2, backend="aot_eager", fullgraph=True
+    )
+    torch.testing.assert_close(compiled(x, y), 2 * kron_kernels.pair_sums_bmm(x, y))
+    half = x.to(torch.bfloat16)
+    assert kron_kernels.pair_sums(half, y.to(torch.bfloat16)).dtype == torch.float32
+
+
+def test_w1_grad_routes_eligible_operands_to_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+
+    def spy(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        seen.append((tuple(x.shape), tuple(y.shape)))
+        return kron_kernels.pair_sums_blocked(x, y)
+
+    dy = torch.randn(2, 5, 4, 8, dtype=torch.float64)  # [batch, tokens, a, b]
+    h = torch.randn(2, 5, 6, 8, dtype=torch.float64)  # [batch, tokens, c, b]
+    plain = adapters.w1_grad(dy, h, 4, 6)
+    assert seen == []  # CPU float64: the batched GEMM
+    monkeypatch.setattr(kron_kernels, "kernel_applies", lambda x, y: True)
+    monkeypatch.setattr(kron_kernels, "pair_sums", spy)
+    routed = adapters.w1_grad(dy, h, 4, 6)
+    assert seen == [((10, 4, 8), (10, 6, 8))]
+    torch.testing.assert_close(routed, plain, rtol=1e-12, atol=1e-12)
