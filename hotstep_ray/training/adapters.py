@@ -272,14 +272,15 @@ def w1_grad(dy: torch.Tensor, h: torch.Tensor, a: int, c: int) -> torch.Tensor:
     """`[a, c]`: Σ over every token and column of dy[.., i, :] · h[.., j, :], for dy viewed
     `[tokens, a, b]` and h `[tokens, c, b]`, straight from the activations' own layout, summed in
     float32 (float64 stays float64). On CUDA in half precision with a, c <= 8: one Triton pass
-    over both (`kron_kernels.pair_sums`); elsewhere one [a, b] @ [b, c] per token, then the sum
-    over tokens. One GEMM with K = tokens·b needs both operands copied into that layout first,
+    over both (`kron_kernels.pair_partials`), whose partials are summed here (compiled, in one
+    kernel with the caller's scale and cast); elsewhere one [a, b] @ [b, c] per token, then the
+    sum over tokens. One GEMM with K = tokens·b needs both operands copied into that layout first,
     and was slower (H200, 2B LoKR 512, batch 2: 202.0 vs 214.2 ms per step; docs/BENCHMARKS.md,
     eighth device run)."""
     b = h.shape[-1]
     x, y = dy.reshape(-1, a, b), h.reshape(-1, c, b)
     if kron_kernels.kernel_applies(x, y):
-        return kron_kernels.pair_sums(x, y)
+        return kron_kernels.pair_partials(x, y).sum(0)
     return kron_kernels.pair_sums_bmm(x, y)
 
 

@@ -9,14 +9,18 @@ torch runs it as a batched GEMM of one `[a, n] @ [n, c]` per token, which cuBLAS
 frames; docs/BENCHMARKS.md, eleventh device run). The work is a memory pass: reading x and y
 once is ~5 µs per 2048-wide layer at 3000 tokens.
 
-`pair_sums_kernel`: each program owns `tokens_per_program` tokens and multiplies all of their
-(token, row) pairs of x with all of y on the tensor cores, `[BT·A, BN] @ [BN, BT·C]` per step of
-BN columns, then keeps the same-token entries and sums them into one `[a, c]` partial. The
-cross-token products it throws away cost nothing that matters (BT-fold more multiply-adds than
-needed, still ~1 GFLOP per layer); x and y are read exactly once. Partials are summed by torch
-in a fixed order, so the result does not depend on scheduling. `pair_sums_blocked` is the same
-algorithm in torch, for the CPU tests; on the GPU a self-check compares the kernel with the
-batched GEMM before first use and falls back to it on any mismatch.
+`pair_sums_kernel`: each program owns `tokens_per_program` tokens and one span of
+`COLUMNS_PER_PROGRAM` columns, and multiplies all of their (token, row) pairs of x with all of y
+on the tensor cores, `[BT·A, BN] @ [BN, BT·C]` per step of BN columns, then keeps the same-token
+entries and sums them into one `[a, c]` partial. The cross-token products it throws away cost
+nothing that matters (BT-fold more multiply-adds than needed, still ~1 GFLOP per layer); x and y
+are read exactly once. The op returns the partials, `[programs, a, c]` float32 in a fixed order;
+the caller sums them, so the result does not depend on scheduling and, compiled, Inductor fuses
+that sum with the caller's scale and cast (a torch sum inside the op was a kernel of its own:
+2.25 ms per step over 241 calls, as long as the kernel; eleventh device run).
+`pair_partials_blocked` is the same algorithm in torch, for the CPU tests; on the GPU a
+self-check compares the kernel with the batched GEMM before first use, and the op falls back
+to the batched GEMM (the same partials' shape) on any mismatch.
 
 Importing this module needs no Triton and no GPU; the kernel is built at its first use.
 """
@@ -34,6 +38,9 @@ log = logging.getLogger(__name__)
 # (tokens_per_program · a × tokens_per_program · c) would outgrow the registers.
 MAX_ROWS = 8
 COLUMNS_PER_STEP = 64  # BN: with 3 stages ~72 KB of shared memory per program at a = c = 8
+# Columns per program: splitting n gives 2-4x more programs on the 2B (n = 512 / 1024), so a
+# batch-1 song (3000 tokens, 188 token blocks) fills the H200's 132 SMs more than once over.
+COLUMNS_PER_PROGRAM = 256
 _TRITON: dict[str, object] = {}
 
 
@@ -57,28 +64,54 @@ def tokens_per_program(a_pad: int, c_pad: int) -> int:
     return max(16 // min(a_pad, c_pad), 64 // max(a_pad, c_pad))
 
 
-def pair_sums_blocked(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """`pair_sums_bmm`'s result computed as `pair_sums_kernel` computes it, in torch: tokens in
-    blocks of BT, rows padded to powers of two, one product of every (token, row) of x with every
-    (token, row) of y per block, the same-token entries kept and summed per block, the blocks'
-    partials summed. For the CPU tests of the kernel's indexing and masking."""
+def partials_shape(x: torch.Tensor, y: torch.Tensor) -> tuple[int, int, int]:
+    """`[programs, a, c]` of the op's partials: token blocks × column spans."""
+    tokens, a, n = x.shape
+    c = y.shape[1]
+    bt = tokens_per_program(padded_rows(a), padded_rows(c))
+    return (-(-tokens // bt)) * (-(-n // COLUMNS_PER_PROGRAM)), a, c
+
+
+def pair_partials_blocked(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The kernel's partials, computed as `pair_sums_kernel` computes them, in torch: tokens in
+    blocks of BT, rows padded to powers of two, columns in spans, one product of every (token,
+    row) of x with every (token, row) of y per block and span, the same-token entries kept and
+    summed. `[blocks · spans, a, c]`, block-major; their sum is `pair_sums_bmm`'s. For the CPU
+    tests of the kernel's indexing and masking."""
     tokens, a, n = x.shape
     c = y.shape[1]
     a_pad, c_pad = padded_rows(a), padded_rows(c)
     bt = tokens_per_program(a_pad, c_pad)
-    blocks = -(-tokens // bt)
+    blocks, spans = -(-tokens // bt), -(-n // COLUMNS_PER_PROGRAM)
     wide = torch.promote_types(x.dtype, torch.float32)
-    xp = x.new_zeros(blocks * bt, a_pad, n, dtype=wide)
-    yp = y.new_zeros(blocks * bt, c_pad, n, dtype=wide)
-    xp[:tokens, :a] = x
-    yp[:tokens, :c] = y
-    rows_a = xp.reshape(blocks, bt * a_pad, n)  # row r = token_in_block · A + i
-    rows_c = yp.reshape(blocks, bt * c_pad, n)
-    products = rows_a @ rows_c.transpose(1, 2)  # [blocks, BT·A, BT·C]
+    width = spans * COLUMNS_PER_PROGRAM
+    xp = x.new_zeros(blocks * bt, a_pad, width, dtype=wide)
+    yp = y.new_zeros(blocks * bt, c_pad, width, dtype=wide)
+    xp[:tokens, :a, :n] = x
+    yp[:tokens, :c, :n] = y
+    # [blocks, spans, BT·A, span]: row r = token_in_block · A + i
+    rows_a = xp.reshape(blocks, bt * a_pad, spans, -1).transpose(1, 2)
+    rows_c = yp.reshape(blocks, bt * c_pad, spans, -1).transpose(1, 2)
+    products = rows_a @ rows_c.transpose(-1, -2)  # [blocks, spans, BT·A, BT·C]
     same = (torch.arange(bt * a_pad)[:, None] // a_pad) == (torch.arange(bt * c_pad)[None] // c_pad)
     kept = torch.where(same.to(x.device), products, torch.zeros((), dtype=wide, device=x.device))
-    partials = kept.reshape(blocks, bt, a_pad, bt, c_pad).sum((1, 3))  # [blocks, A, C]
-    return partials[:, :a, :c].sum(0)  # contiguous [a, c], as the fake op says
+    partials = kept.reshape(blocks, spans, bt, a_pad, bt, c_pad).sum((2, 4))  # [.., A, C]
+    return partials[..., :a, :c].reshape(blocks * spans, a, c)
+
+
+def partials_bmm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The op's fallback: `pair_sums_bmm` per token block in the first span of each block, zeros
+    in the others, so its shape is the kernel's (`partials_shape`) whichever path ran."""
+    programs, a, c = partials_shape(x, y)
+    tokens = x.shape[0]
+    bt = tokens_per_program(padded_rows(a), padded_rows(c))
+    blocks = -(-tokens // bt)
+    per_token = torch.bmm(x, y.transpose(1, 2)).float()  # [tokens, a, c]
+    padded = per_token.new_zeros(blocks * bt, a, c)
+    padded[:tokens] = per_token
+    out = per_token.new_zeros(blocks, programs // blocks, a, c)
+    out[:, 0] = padded.reshape(blocks, bt, a, c).sum(1)
+    return out.reshape(programs, a, c)
 
 
 def _kernel():
@@ -109,8 +142,10 @@ def _kernel():
         CP: tl.constexpr,
         BT: tl.constexpr,
         BN: tl.constexpr,
+        SPAN: tl.constexpr,
     ):
         block = tl.program_id(0)
+        span = tl.program_id(1)
         ra = tl.arange(0, BT * AP)  # row = token_in_block · AP + i
         rc = tl.arange(0, BT * CP)
         ta = block * BT + ra // AP
@@ -122,8 +157,8 @@ def _kernel():
         start_a = ta.to(tl.int64) * sx_t + ia * sx_i
         start_c = tc.to(tl.int64) * sy_t + kc * sy_k
         acc = tl.zeros((BT * AP, BT * CP), dtype=tl.float32)
-        for n0 in range(0, cols, BN):
-            n = n0 + tl.arange(0, BN)
+        for n0 in range(0, SPAN, BN):
+            n = span * SPAN + n0 + tl.arange(0, BN)
             in_n = n < cols
             xa = tl.load(
                 x_ptr + start_a[:, None] + n[None, :],
@@ -141,17 +176,23 @@ def _kernel():
         part = tl.sum(tl.sum(tl.reshape(acc, (BT, AP, BT, CP)), axis=2), axis=0)  # [AP, CP]
         i = tl.arange(0, AP)
         k = tl.arange(0, CP)
-        tl.store(out_ptr + block * AP * CP + i[:, None] * CP + k[None, :], part)
+        program = block * tl.num_programs(1) + span  # block-major, as `pair_partials_blocked`
+        tl.store(
+            out_ptr + program * A * C + i[:, None] * C + k[None, :],
+            part,
+            mask=(i < A)[:, None] & (k < C)[None, :],
+        )
 
     _TRITON["kernel"] = pair_sums_kernel
     return pair_sums_kernel
 
 
-def pair_sums_triton(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """`pair_sums_bmm`'s `[a, c]` float32 result from `pair_sums_kernel` (CUDA, bf16/fp16)."""
+def pair_partials_triton(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """`pair_sums_kernel`'s partials, `[programs, a, c]` float32 (CUDA, bf16/fp16); their sum is
+    `pair_sums_bmm`'s result."""
     kernel = _kernel()
     if kernel is None:
-        raise RuntimeError("pair_sums_triton needs Triton")
+        raise RuntimeError("pair_partials_triton needs Triton")
     if x.stride(-1) != 1:
         x = x.contiguous()
     if y.stride(-1) != 1:
@@ -160,9 +201,9 @@ def pair_sums_triton(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     c = y.shape[1]
     a_pad, c_pad = padded_rows(a), padded_rows(c)
     bt = tokens_per_program(a_pad, c_pad)
-    blocks = -(-tokens // bt)
-    partials = torch.empty(blocks, a_pad, c_pad, dtype=torch.float32, device=x.device)
-    kernel[(blocks,)](
+    blocks, spans = -(-tokens // bt), -(-n // COLUMNS_PER_PROGRAM)
+    partials = torch.empty(blocks * spans, a, c, dtype=torch.float32, device=x.device)
+    kernel[(blocks, spans)](
         x,
         y,
         partials,
@@ -178,10 +219,11 @@ def pair_sums_triton(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         CP=c_pad,
         BT=bt,
         BN=COLUMNS_PER_STEP,
+        SPAN=COLUMNS_PER_PROGRAM,
         num_warps=4,
         num_stages=3,
     )
-    return partials[:, :a, :c].sum(0)  # contiguous [a, c], as the fake op says
+    return partials
 
 
 _VERDICTS: dict[tuple[torch.device, torch.dtype], bool] = {}  # self-check results
@@ -212,7 +254,7 @@ def _self_check(device: torch.device, dtype: torch.dtype) -> bool:
             x = torch.randn(tokens, a, n, device=device, dtype=dtype, generator=g)
             y = torch.randn(tokens, c, n, device=device, dtype=dtype, generator=g)
             want = pair_sums_bmm(x.float(), y.float())
-            got = pair_sums_triton(x, y)
+            got = pair_partials_triton(x, y).sum(0)
             # the same half-precision inputs, both accumulated in float32: only the order of
             # the additions differs
             if not torch.allclose(got, want, rtol=1e-4, atol=1e-4 * (tokens * n) ** 0.5):
@@ -231,7 +273,7 @@ def _self_check(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def kernel_applies(x: torch.Tensor, y: torch.Tensor) -> bool:
-    """Whether `pair_sums` may take the kernel for these operands (before the self-check)."""
+    """Whether `pair_partials` may take the kernel for these operands (before the self-check)."""
     return (
         x.is_cuda
         and x.dtype in (torch.bfloat16, torch.float16)
@@ -240,18 +282,18 @@ def kernel_applies(x: torch.Tensor, y: torch.Tensor) -> bool:
     )
 
 
-@torch.library.custom_op("hotstep::kron_pair_sums", mutates_args=())
-def pair_sums(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """`pair_sums_bmm(x, y)`, through the kernel where it applies and passed its self-check.
+@torch.library.custom_op("hotstep::kron_pair_partials", mutates_args=())
+def pair_partials(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Partials `[programs, a, c]` float32 whose sum is `pair_sums_bmm(x, y)`: from the kernel
+    where it applies and passed its self-check, else from the batched GEMM in the same shape.
     An opaque op: torch.compile calls it as it is, and CUDA graphs capture its launches. Its
     first call on a device runs the self-check; the CUDA-graph trees' eager warm-up reaches it
     before any capture."""
     if kernel_applies(x, y) and triton_passes(x.device, x.dtype):
-        return pair_sums_triton(x, y)
-    return pair_sums_bmm(x, y)
+        return pair_partials_triton(x, y)
+    return partials_bmm(x, y)
 
 
-@pair_sums.register_fake
-def _pair_sums_shape(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    wide = torch.promote_types(x.dtype, torch.float32)
-    return x.new_empty((x.shape[1], y.shape[1]), dtype=wide)
+@pair_partials.register_fake
+def _pair_partials_shape(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(partials_shape(x, y), dtype=torch.float32)

@@ -16,7 +16,19 @@ SHAPES = [
     (1, 1, 1, 16),
     (33, 8, 2, 70),
     (16, 2, 8, 64),  # exactly one block
+    (40, 4, 4, 600),  # three column spans, the last one partial
 ]
+
+
+def test_partials_are_block_major_spans() -> None:
+    """Partial p of the kernel is token block p // spans, column span p % spans."""
+    x = torch.zeros(20, 4, 512, dtype=torch.float64)  # BT 16: blocks 2; spans 2
+    x[17, 1, 300] = 3.0  # block 1, span 1 -> partial 3
+    y = torch.ones(20, 4, 512, dtype=torch.float64)
+    partials = kron_kernels.pair_partials_blocked(x, y)
+    assert partials.shape == (4, 4, 4)
+    assert partials[3, 1].tolist() == [3.0] * 4
+    assert partials.abs().sum() == 12.0
 
 
 @pytest.mark.parametrize(("tokens", "a", "c", "n"), SHAPES)
@@ -26,7 +38,12 @@ def test_blocked_algorithm_gives_the_batched_gemm(tokens: int, a: int, c: int, n
     y = torch.randn(tokens, c, n, dtype=torch.float64, generator=g)
     want = torch.einsum("tin,tkn->ik", x, y)
     torch.testing.assert_close(kron_kernels.pair_sums_bmm(x, y), want, rtol=1e-12, atol=1e-9)
-    torch.testing.assert_close(kron_kernels.pair_sums_blocked(x, y), want, rtol=1e-12, atol=1e-9)
+    partials = kron_kernels.pair_partials_blocked(x, y)
+    assert partials.shape == kron_kernels.partials_shape(x, y)
+    torch.testing.assert_close(partials.sum(0), want, rtol=1e-12, atol=1e-9)
+    fallback = kron_kernels.partials_bmm(x, y)  # the op's path where the kernel does not run
+    assert fallback.shape == partials.shape and fallback.dtype == torch.float32
+    torch.testing.assert_close(fallback.sum(0), want.float(), rtol=1e-5, atol=1e-4)
 
 
 def test_blocked_algorithm_drops_cross_token_products() -> None:
@@ -36,9 +53,10 @@ def test_blocked_algorithm_drops_cross_token_products() -> None:
     for t in range(32):
         x[t, :, 2 * t] = 1.0  # token t lives in column 2t on the x side ...
         y[t, :, 2 * ((t + 1) % 32)] = 1.0  # ... and the next token's column on the y side
-    assert kron_kernels.pair_sums_blocked(x, y).abs().max() == 0
+    assert kron_kernels.pair_partials_blocked(x, y).abs().max() == 0
     y2 = x.clone()
-    assert torch.equal(kron_kernels.pair_sums_blocked(x, y2), torch.full((4, 4), 32.0).double())
+    summed = kron_kernels.pair_partials_blocked(x, y2).sum(0)
+    assert torch.equal(summed, torch.full((4, 4), 32.0).double())
 
 
 def test_block_sizes_fit_the_tensor_cores_and_registers() -> None:
@@ -65,20 +83,22 @@ def test_without_triton_the_self_check_says_no(monkeypatch: pytest.MonkeyPatch) 
     assert not kron_kernels.triton_passes(torch.device("cpu"), torch.bfloat16)
     assert kron_kernels._VERDICTS == {(torch.device("cpu"), torch.bfloat16): False}
     with pytest.raises(RuntimeError, match="needs Triton"):
-        kron_kernels.pair_sums_triton(torch.zeros(1, 1, 16), torch.zeros(1, 1, 16))
+        kron_kernels.pair_partials_triton(torch.zeros(1, 1, 16), torch.zeros(1, 1, 16))
 
 
 def test_custom_op_schema_fake_shape_and_compiled_call() -> None:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(12, 4, 32, generator=g)
     y = torch.randn(12, 6, 32, generator=g)
-    torch.library.opcheck(kron_kernels.pair_sums, (x, y))
+    torch.library.opcheck(kron_kernels.pair_partials, (x, y))
     compiled = torch.compile(
-        lambda p, q: kron_kernels.pair_sums(p, q) * 2, backend="aot_eager", fullgraph=True
+        lambda p, q: kron_kernels.pair_partials(p, q).sum(0) * 2,
+        backend="aot_eager",
+        fullgraph=True,
     )
     torch.testing.assert_close(compiled(x, y), 2 * kron_kernels.pair_sums_bmm(x, y))
-    half = x.to(torch.bfloat16)
-    assert kron_kernels.pair_sums(half, y.to(torch.bfloat16)).dtype == torch.float32
+    half = kron_kernels.pair_partials(x.to(torch.bfloat16), y.to(torch.bfloat16))
+    assert half.dtype == torch.float32 and half.shape == kron_kernels.partials_shape(x, y)
 
 
 def test_w1_grad_routes_eligible_operands_to_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -86,14 +106,14 @@ def test_w1_grad_routes_eligible_operands_to_the_op(monkeypatch: pytest.MonkeyPa
 
     def spy(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         seen.append((tuple(x.shape), tuple(y.shape)))
-        return kron_kernels.pair_sums_blocked(x, y)
+        return kron_kernels.pair_partials_blocked(x, y)
 
     dy = torch.randn(2, 5, 4, 8, dtype=torch.float64)  # [batch, tokens, a, b]
     h = torch.randn(2, 5, 6, 8, dtype=torch.float64)  # [batch, tokens, c, b]
     plain = adapters.w1_grad(dy, h, 4, 6)
     assert seen == []  # CPU float64: the batched GEMM
     monkeypatch.setattr(kron_kernels, "kernel_applies", lambda x, y: True)
-    monkeypatch.setattr(kron_kernels, "pair_sums", spy)
+    monkeypatch.setattr(kron_kernels, "pair_partials", spy)
     routed = adapters.w1_grad(dy, h, 4, 6)
     assert seen == [((10, 4, 8), (10, 6, 8))]
     torch.testing.assert_close(routed, plain, rtol=1e-12, atol=1e-12)
