@@ -371,8 +371,9 @@ def profile_step(run: dit.DitRun, top_n: int = 12) -> dict[str, Any]:
     return {
         "kernels": len(kernels),
         "kernel_ms": round(busy_us / 1000, 2),
-        "top_kernels_ms": {name[:120]: round(us / 1000, 2) for name, (us, _) in ranked},
-        "top_kernels_calls": {name[:120]: calls for name, (_, calls) in ranked},
+        # full names: cuBLAS / CUTLASS names can share a long prefix
+        "top_kernels_ms": {name: round(us / 1000, 2) for name, (us, _) in ranked},
+        "top_kernels_calls": {name: calls for name, (_, calls) in ranked},
     }
 
 

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Session 9, call 5 (issue 6), ~3.5 min, carry [".device_wheels"]. How much of LoKR's remaining
 # batch-1 gap to LoRA is the optimizer's: Muon orthogonalises LoKR's 512-wide square w2 factors
-# (~1.1 TFLOP of Newton-Schulz per step, arithmetic) where LoRA r64's factors are 64 wide. The
+# (0.95 TFLOP of Newton-Schulz per step, arithmetic) where LoRA r64's factors are 64 wide. The
 # same two rows with AdamW, whose update costs the same per parameter for both adapters.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .device_wheels/*.whl

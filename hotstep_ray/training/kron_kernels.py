@@ -4,10 +4,10 @@ The w1 gradient of a LoKR Linear (`adapters.w1_grad`) is `Σ_t Σ_n x[t, i, n] �
 x `[tokens, a, n]` and y `[tokens, c, n]` (the output gradient and an activation, one side
 already through w2), a tiny `[a, c]` result (4 × 4 on most 2B layers) reduced over every token.
 torch runs it as a batched GEMM of one `[a, n] @ [n, c]` per token, which cuBLAS executes with
-16 × 16-tile sm80 WMMA kernels at about a tenth of the H200's memory bandwidth: 5.39 ms of an
-88-96 ms batch-1 step over 216 calls, the largest LoKR-only kernel (H200, 2B LoKR 512, 6000
-frames; docs/BENCHMARKS.md, eleventh device run). The work is a memory pass: reading x and y
-once is ~5 µs per 2048-wide layer at 3000 tokens.
+16 × 16-tile sm80 WMMA kernels: 5.39 ms of an 88-96 ms batch-1 step over 216 calls (25 µs
+each), the largest LoKR-only kernel (H200, 2B LoKR 512, 6000 frames; docs/BENCHMARKS.md,
+eleventh device run). The work is a memory pass: reading x and y once is 25-61 MB per adapted
+Linear at 3000 tokens, 5-13 µs at the H200's 4.8 TB/s (arithmetic).
 
 `pair_sums_kernel`: each program owns `tokens_per_program` tokens and one span of
 `COLUMNS_PER_PROGRAM` columns, and multiplies all of their (token, row) pairs of x with all of y
@@ -18,9 +18,10 @@ are read exactly once. The op returns the partials, `[programs, a, c]` float32 i
 the caller sums them, so the result does not depend on scheduling and, compiled, Inductor fuses
 that sum with the caller's scale and cast (a torch sum inside the op was a kernel of its own:
 2.25 ms per step over 241 calls, as long as the kernel; eleventh device run).
-`pair_partials_blocked` is the same algorithm in torch, for the CPU tests; on the GPU a
-self-check compares the kernel with the batched GEMM before first use, and the op falls back
-to the batched GEMM (the same partials' shape) on any mismatch.
+`pair_partials_blocked` is the same algorithm in torch: the CPU tests check it, and on the GPU
+a self-check compares the kernel's partials with it, one by one, before the first use of each
+(a, c) (each pair is a kernel compiled of its own). On a mismatch or a failed launch the op
+falls back to the batched GEMM, in the same partials' shape.
 
 Importing this module needs no Triton and no GPU; the kernel is built at its first use.
 """
@@ -37,11 +38,14 @@ log = logging.getLogger(__name__)
 # gives 32 × 64) makes each token's GEMM large enough for cuBLAS, and the kernel's accumulator
 # (tokens_per_program · a × tokens_per_program · c) would outgrow the registers.
 MAX_ROWS = 8
-COLUMNS_PER_STEP = 64  # BN: with 3 stages ~72 KB of shared memory per program at a = c = 8
+# BN: x's and y's tiles, 64 rows each at a = c = 8 (BT 8), are 2 × 8 KB of bf16 per stage, 48 KB
+# of shared memory with 3 stages (arithmetic)
+COLUMNS_PER_STEP = 64
 # Columns per program: splitting n gives 2-4x more programs on the 2B (n = 512 / 1024), so a
-# batch-1 song (3000 tokens, 188 token blocks) fills the H200's 132 SMs more than once over.
+# batch-1 song (3000 tokens: 188 token blocks at a = c = 4) fills the H200's 132 SMs several
+# times over.
 COLUMNS_PER_PROGRAM = 256
-_TRITON: dict[str, object] = {}
+_KERNEL_CACHE: dict[str, object] = {}  # "kernel": the built Triton kernel, or None
 
 
 def pair_sums_bmm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -102,27 +106,27 @@ def pair_partials_blocked(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def partials_bmm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """The op's fallback: `pair_sums_bmm` per token block in the first span of each block, zeros
     in the others, so its shape is the kernel's (`partials_shape`) whichever path ran."""
-    programs, a, c = partials_shape(x, y)
-    tokens = x.shape[0]
+    tokens, a, n = x.shape
+    c = y.shape[1]
     bt = tokens_per_program(padded_rows(a), padded_rows(c))
-    blocks = -(-tokens // bt)
+    blocks, spans = -(-tokens // bt), -(-n // COLUMNS_PER_PROGRAM)
     per_token = torch.bmm(x, y.transpose(1, 2)).float()  # [tokens, a, c]
     padded = per_token.new_zeros(blocks * bt, a, c)
     padded[:tokens] = per_token
-    out = per_token.new_zeros(blocks, programs // blocks, a, c)
+    out = per_token.new_zeros(blocks, spans, a, c)
     out[:, 0] = padded.reshape(blocks, bt, a, c).sum(1)
-    return out.reshape(programs, a, c)
+    return out.reshape(blocks * spans, a, c)
 
 
 def _kernel():
     """The Triton kernel, or None where Triton does not import."""
-    if "kernel" in _TRITON:
-        return _TRITON["kernel"]
+    if "kernel" in _KERNEL_CACHE:
+        return _KERNEL_CACHE["kernel"]
     try:
         import triton
         import triton.language as tl
     except ImportError:
-        _TRITON["kernel"] = None
+        _KERNEL_CACHE["kernel"] = None
         return None
 
     @triton.jit
@@ -154,8 +158,8 @@ def _kernel():
         kc = rc % CP
         live_a = (ta < tokens) & (ia < A)
         live_c = (tc < tokens) & (kc < C)
-        start_a = ta.to(tl.int64) * sx_t + ia * sx_i
-        start_c = tc.to(tl.int64) * sy_t + kc * sy_k
+        start_a = ta.to(tl.int64) * sx_t + ia.to(tl.int64) * sx_i
+        start_c = tc.to(tl.int64) * sy_t + kc.to(tl.int64) * sy_k
         acc = tl.zeros((BT * AP, BT * CP), dtype=tl.float32)
         for n0 in range(0, SPAN, BN):
             n = span * SPAN + n0 + tl.arange(0, BN)
@@ -183,7 +187,7 @@ def _kernel():
             mask=(i < A)[:, None] & (k < C)[None, :],
         )
 
-    _TRITON["kernel"] = pair_sums_kernel
+    _KERNEL_CACHE["kernel"] = pair_sums_kernel
     return pair_sums_kernel
 
 
@@ -226,71 +230,105 @@ def pair_partials_triton(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return partials
 
 
-_VERDICTS: dict[tuple[torch.device, torch.dtype], bool] = {}  # self-check results
+# self-check results per (device, dtype, a, c)
+_VERDICTS: dict[tuple[torch.device, torch.dtype, int, int], bool] = {}
 
 
-def triton_passes(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the kernel gives the batched GEMM's result on this device and dtype (uneven token
-    counts; a = c = 4 as on most 2B layers, a = 6 against c = 4 as on its MLP, odd sizes). Run
-    once per (device, dtype) and process; a failure is logged and callers keep the batched GEMM.
-    Inside a CUDA-graph capture it cannot run (it synchronises): an unchecked pair then reads
-    False for that call."""
-    key = (torch.device(device), dtype)
+def triton_passes(device: torch.device, dtype: torch.dtype, a: int, c: int) -> bool:
+    """Whether the kernel for rows (a, c) gives `pair_partials_blocked`'s partials on this device
+    and dtype. Checked once per (device, dtype, a, c) and process, at the pair's first use (each
+    pair is a kernel compiled of its own); a failure is logged and the op keeps the batched
+    GEMM for that pair. Inside a CUDA-graph capture the check cannot run (it synchronises): an
+    unchecked pair then reads False for that call, and is checked at its next call outside."""
+    key = (torch.device(device), dtype, a, c)
     if key in _VERDICTS:
         return _VERDICTS[key]
     if _kernel() is None:
         _VERDICTS[key] = False
         return False
-    if torch.cuda.is_current_stream_capturing():
+    if device_capturing():
         return False
-    _VERDICTS[key] = _self_check(device, dtype)
+    _VERDICTS[key] = _self_check(key[0], dtype, a, c)
     return _VERDICTS[key]
 
 
-def _self_check(device: torch.device, dtype: torch.dtype) -> bool:
+def device_capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (False without CUDA)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _self_check(device: torch.device, dtype: torch.dtype, a: int, c: int) -> bool:
+    """The kernel's partials against `pair_partials_blocked`'s in float64, partial by partial (a
+    sum would not see a partial stored in the wrong place): a token count that leaves the last
+    block short, a column count that leaves the last span and step short, and a tiny case."""
     try:
         g = torch.Generator(device=device).manual_seed(0)
-        for tokens, a, c, n in ((1003, 4, 4, 512), (77, 6, 4, 1024), (5, 3, 5, 96)):
+        for tokens, n in ((1003, 512), (77, COLUMNS_PER_PROGRAM + 100), (5, 96)):
             x = torch.randn(tokens, a, n, device=device, dtype=dtype, generator=g)
             y = torch.randn(tokens, c, n, device=device, dtype=dtype, generator=g)
-            want = pair_sums_bmm(x.float(), y.float())
-            got = pair_partials_triton(x, y).sum(0)
-            # the same half-precision inputs, both accumulated in float32: only the order of
-            # the additions differs
-            if not torch.allclose(got, want, rtol=1e-4, atol=1e-4 * (tokens * n) ** 0.5):
+            want = pair_partials_blocked(x.double(), y.double())
+            got = pair_partials_triton(x, y)
+            # the same half-precision inputs, products exact in float32: only the order and
+            # float32 rounding of at most BT · span additions per partial differ
+            if got.shape != want.shape or not torch.allclose(
+                got.double(), want, rtol=1e-4, atol=1e-3
+            ):
+                worst = (got.double() - want).abs().max().item() if got.shape == want.shape else -1
                 log.warning(
-                    "LoKR w1-gradient kernel disagrees with the batched GEMM on %s %s "
-                    "(max |diff| %.3g); using the batched GEMM",
+                    "LoKR w1-gradient kernel for a=%d c=%d disagrees with its torch twin on %s "
+                    "%s (max |diff| %.3g); using the batched GEMM",
+                    a,
+                    c,
                     device,
                     dtype,
-                    (got - want).abs().max().item(),
+                    worst,
                 )
                 return False
     except Exception as exc:  # a Triton or driver failure: keep the torch path
-        log.warning("LoKR w1-gradient kernel unusable on %s %s (%r)", device, dtype, exc)
+        log.warning(
+            "LoKR w1-gradient kernel unusable for a=%d c=%d on %s %s (%r)", a, c, device, dtype, exc
+        )
         return False
     return True
+
+
+def kernel_fits(x_dtype: torch.dtype, y_dtype: torch.dtype, tokens: int, a: int, c: int) -> bool:
+    """The kernel's own conditions: half precision on both sides, w1 at most 8 × 8, a token."""
+    return (
+        x_dtype in (torch.bfloat16, torch.float16)
+        and y_dtype == x_dtype
+        and max(a, c) <= MAX_ROWS
+        and tokens > 0
+    )
 
 
 def kernel_applies(x: torch.Tensor, y: torch.Tensor) -> bool:
     """Whether `pair_partials` may take the kernel for these operands (before the self-check)."""
     return (
         x.is_cuda
-        and x.dtype in (torch.bfloat16, torch.float16)
-        and y.dtype == x.dtype
-        and max(x.shape[1], y.shape[1]) <= MAX_ROWS
+        and y.is_cuda
+        and kernel_fits(x.dtype, y.dtype, x.shape[0], x.shape[1], y.shape[1])
     )
 
 
 @torch.library.custom_op("hotstep::kron_pair_partials", mutates_args=())
 def pair_partials(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Partials `[programs, a, c]` float32 whose sum is `pair_sums_bmm(x, y)`: from the kernel
-    where it applies and passed its self-check, else from the batched GEMM in the same shape.
+    """Partials `[programs, a, c]` float32 whose sum is `pair_sums_bmm(x, y)` (in float32): from
+    the kernel where it applies and passed its self-check, else from the batched GEMM in the
+    same shape.
     An opaque op: torch.compile calls it as it is, and CUDA graphs capture its launches. Its
-    first call on a device runs the self-check; the CUDA-graph trees' eager warm-up reaches it
-    before any capture."""
-    if kernel_applies(x, y) and triton_passes(x.device, x.dtype):
-        return pair_partials_triton(x, y)
+    first call for each (device, dtype, a, c) runs the self-check; the CUDA-graph trees' eager
+    warm-up reaches it before any capture. A launch that fails later (e.g. out of resources at a
+    new size) is logged, turns the pair's verdict to False and falls back."""
+    a, c = x.shape[1], y.shape[1]
+    if kernel_applies(x, y) and triton_passes(x.device, x.dtype, a, c):
+        try:
+            return pair_partials_triton(x, y)
+        except Exception as exc:
+            log.warning(
+                "LoKR w1-gradient kernel failed for a=%d c=%d (%r); batched GEMM", a, c, exc
+            )
+            _VERDICTS[(x.device, x.dtype, a, c)] = False
     return partials_bmm(x, y)
 
 

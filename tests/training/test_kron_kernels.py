@@ -75,15 +75,100 @@ def test_the_kernel_applies_only_to_cuda_half_precision_small_w1() -> None:
     assert not kron_kernels.kernel_applies(x, x)  # CPU
     meta = torch.empty(8, 4, 32, dtype=torch.bfloat16, device="meta")
     assert not kron_kernels.kernel_applies(meta, meta)
+    fits = kron_kernels.kernel_fits
+    assert fits(torch.bfloat16, torch.bfloat16, 3000, 4, 4)
+    assert fits(torch.float16, torch.float16, 1, 8, 1)
+    assert not fits(torch.float32, torch.float32, 3000, 4, 4)  # float32: the batched GEMM
+    assert not fits(torch.bfloat16, torch.float16, 3000, 4, 4)
+    assert not fits(torch.bfloat16, torch.bfloat16, 3000, 9, 4)  # w1 over 8 x 8
+    assert not fits(torch.bfloat16, torch.bfloat16, 3000, 4, 9)
+    assert not fits(torch.bfloat16, torch.bfloat16, 0, 4, 4)  # no token: no launch
+
+
+def test_no_tokens_give_a_zero_gradient() -> None:
+    x, y = torch.zeros(0, 4, 32), torch.zeros(0, 6, 32)
+    assert kron_kernels.partials_bmm(x, y).shape == (0, 4, 6)
+    assert torch.equal(adapters.w1_grad(x, y, 4, 6), torch.zeros(4, 6))
+    assert torch.equal(kron_kernels.pair_partials(x, y).sum(0), torch.zeros(4, 6))
 
 
 def test_without_triton_the_self_check_says_no(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kron_kernels, "_TRITON", {"kernel": None})
+    monkeypatch.setattr(kron_kernels, "_KERNEL_CACHE", {"kernel": None})
     monkeypatch.setattr(kron_kernels, "_VERDICTS", {})
-    assert not kron_kernels.triton_passes(torch.device("cpu"), torch.bfloat16)
-    assert kron_kernels._VERDICTS == {(torch.device("cpu"), torch.bfloat16): False}
+    assert not kron_kernels.triton_passes(torch.device("cpu"), torch.bfloat16, 4, 4)
+    assert kron_kernels._VERDICTS == {(torch.device("cpu"), torch.bfloat16, 4, 4): False}
     with pytest.raises(RuntimeError, match="needs Triton"):
         kron_kernels.pair_partials_triton(torch.zeros(1, 1, 16), torch.zeros(1, 1, 16))
+
+
+@pytest.fixture
+def fake_kernel(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A 'built' kernel whose launches run `pair_partials_blocked` in float32 (what the Triton
+    kernel computes), fresh verdicts, and a log of the launches."""
+    launches: list[str] = []
+
+    def launch(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        launches.append(f"{x.shape[1]}x{y.shape[1]}")
+        return kron_kernels.pair_partials_blocked(x.float(), y.float())
+
+    monkeypatch.setattr(kron_kernels, "_KERNEL_CACHE", {"kernel": object()})
+    monkeypatch.setattr(kron_kernels, "_VERDICTS", {})
+    monkeypatch.setattr(kron_kernels, "pair_partials_triton", launch)
+    monkeypatch.setattr(kron_kernels, "kernel_applies", lambda x, y: True)
+    return launches
+
+
+def test_the_self_check_runs_once_per_pair_and_never_in_a_capture(
+    fake_kernel: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(kron_kernels, "device_capturing", lambda: True)
+    assert not kron_kernels.triton_passes(cpu, torch.bfloat16, 4, 6)
+    assert fake_kernel == [] and kron_kernels._VERDICTS == {}  # not run, not cached
+    monkeypatch.setattr(kron_kernels, "device_capturing", lambda: False)
+    assert kron_kernels.triton_passes(cpu, torch.bfloat16, 4, 6)
+    assert fake_kernel == ["4x6"] * 3  # its three cases, at the pair's own rows
+    assert kron_kernels.triton_passes(cpu, torch.bfloat16, 4, 6)
+    assert len(fake_kernel) == 3  # cached
+    assert kron_kernels.triton_passes(cpu, torch.bfloat16, 5, 5)
+    assert fake_kernel[3:] == ["5x5"] * 3  # another pair: checked on its own
+
+
+def test_the_self_check_fails_a_misplaced_partial_or_a_launch_error(
+    fake_kernel: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def misplaced(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return kron_kernels.pair_partials_blocked(x.float(), y.float()).flip(0)  # same sum
+
+    monkeypatch.setattr(kron_kernels, "pair_partials_triton", misplaced)
+    assert not kron_kernels._self_check(torch.device("cpu"), torch.bfloat16, 4, 4)
+
+    def broken(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("out of resources")
+
+    monkeypatch.setattr(kron_kernels, "pair_partials_triton", broken)
+    assert not kron_kernels._self_check(torch.device("cpu"), torch.bfloat16, 4, 4)
+
+
+def test_the_op_falls_back_where_the_kernel_fails(
+    fake_kernel: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(40, 4, 96, generator=g).to(torch.bfloat16)
+    y = torch.randn(40, 6, 96, generator=g).to(torch.bfloat16)
+    want = kron_kernels.pair_sums_bmm(x, y)  # per-token products rounded to bf16, as the fallback
+    key = (x.device, x.dtype, 4, 6)
+    kron_kernels._VERDICTS[key] = False  # failed its self-check: the batched GEMM
+    torch.testing.assert_close(kron_kernels.pair_partials(x, y).sum(0), want, rtol=1e-5, atol=1e-4)
+    assert fake_kernel == []
+    kron_kernels._VERDICTS[key] = True
+
+    def broken(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("out of resources")
+
+    monkeypatch.setattr(kron_kernels, "pair_partials_triton", broken)
+    torch.testing.assert_close(kron_kernels.pair_partials(x, y).sum(0), want, rtol=1e-5, atol=1e-4)
+    assert kron_kernels._VERDICTS[key] is False  # not tried again
 
 
 def test_custom_op_schema_fake_shape_and_compiled_call() -> None:
@@ -117,3 +202,24 @@ def test_w1_grad_routes_eligible_operands_to_the_op(monkeypatch: pytest.MonkeyPa
     routed = adapters.w1_grad(dy, h, 4, 6)
     assert seen == [((10, 4, 8), (10, 6, 8))]
     torch.testing.assert_close(routed, plain, rtol=1e-12, atol=1e-12)
+
+
+def _triton_on_cuda() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    return kron_kernels._kernel() is not None
+
+
+@pytest.mark.skipif(not _triton_on_cuda(), reason="the kernel runs on CUDA with Triton only")
+@pytest.mark.parametrize(("a", "c"), [(4, 4), (6, 4), (4, 6), (5, 5), (1, 2), (8, 8)])
+def test_cuda_kernel_partials_equal_the_torch_twin(a: int, c: int) -> None:
+    """On a GPU machine: the kernel's partials, one by one, against the algorithm in torch, and
+    the op's fake against its real output (opcheck). CI has no GPU; this runs where there is."""
+    g = torch.Generator(device="cuda").manual_seed(a * 10 + c)
+    for tokens, n in ((1003, 512), (77, kron_kernels.COLUMNS_PER_PROGRAM + 100)):
+        x = torch.randn(tokens, a, n, device="cuda", dtype=torch.bfloat16, generator=g)
+        y = torch.randn(tokens, c, n, device="cuda", dtype=torch.bfloat16, generator=g)
+        got = kron_kernels.pair_partials_triton(x, y)
+        want = kron_kernels.pair_partials_blocked(x.double(), y.double())
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-3)
+        torch.library.opcheck(kron_kernels.pair_partials, (x, y))
