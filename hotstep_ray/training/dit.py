@@ -47,7 +47,15 @@ from hotstep_ray.core.events import EventLog, MetricEvent
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.models.acestep_dit import AceStepModels, load_acestep_dit
 from hotstep_ray.models.acestep_ops import TrainBatch
-from hotstep_ray.training import adapters, compiling, dit_data, dit_loss, dit_vram, export
+from hotstep_ray.training import (
+    adapters,
+    compiling,
+    dit_data,
+    dit_loss,
+    dit_vram,
+    export,
+    kron_kernels,
+)
 from hotstep_ray.training.accumulate import micro_batch_weights
 from hotstep_ray.training.adapters import AdapterSpec
 from hotstep_ray.training.checkpoint import load_checkpoint, model_fingerprint, save_checkpoint
@@ -1197,6 +1205,8 @@ def runtime_info(run: DitRun) -> dict[str, Any]:
     }
     if run.device.type == "cuda":
         info["device_name"] = torch.cuda.get_device_name(run.device)
+    if run.spec.kind == "lokr":  # which w1 gradients took the Triton kernel (self-check verdicts)
+        info["lokr_w1_kernel"] = kron_kernels.verdicts()
     return info
 
 

@@ -252,6 +252,16 @@ def triton_passes(device: torch.device, dtype: torch.dtype, a: int, c: int) -> b
     return _VERDICTS[key]
 
 
+def verdicts() -> dict[str, bool]:
+    """The self-checks run so far in this process, `"<device> <dtype> <a>x<c>": passed`, for a
+    run's log: which LoKR w1 gradients took the kernel. Empty where only the batched GEMM ran
+    (off CUDA, float32)."""
+    return {
+        f"{device} {str(dtype).removeprefix('torch.')} {a}x{c}": passed
+        for (device, dtype, a, c), passed in sorted(_VERDICTS.items(), key=str)
+    }
+
+
 def device_capturing() -> bool:
     """Whether the current CUDA stream is capturing a graph (False without CUDA)."""
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()

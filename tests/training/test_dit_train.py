@@ -224,6 +224,7 @@ def test_base_lokr_muon_run_logs_events_milestones_and_target_stop(
     log = read_log(storage, result.run_key)
     assert log["target_loss_stop"]["ma5"] <= 3.3 and log["epochs_run"] >= 5
     assert log["config"]["variant"] == "base" and log["runtime"]["backend"] == "cpu"
+    assert log["runtime"]["lokr_w1_kernel"] == {}  # CPU float32: the batched GEMM everywhere
     assert log["vram"]["ckpt_layers"] == 2 and log["delta_report"]
     kinds = {e.metric for e in events if isinstance(e, MetricEvent)}
     assert kinds >= {"vram", "data", "step", "epoch", "milestone"}

@@ -134,6 +134,18 @@ def test_the_self_check_runs_once_per_pair_and_never_in_a_capture(
     assert fake_kernel[3:] == ["5x5"] * 3  # another pair: checked on its own
 
 
+def test_verdicts_name_each_checked_pair_for_the_run_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        kron_kernels,
+        "_VERDICTS",
+        {
+            (torch.device("cuda", 0), torch.bfloat16, 6, 4): True,
+            (torch.device("cuda", 0), torch.bfloat16, 4, 4): False,
+        },
+    )
+    assert kron_kernels.verdicts() == {"cuda:0 bfloat16 4x4": False, "cuda:0 bfloat16 6x4": True}
+
+
 def test_the_self_check_fails_a_misplaced_partial_or_a_launch_error(
     fake_kernel: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
