@@ -59,6 +59,7 @@ from hotstep_ray.training import (
 from hotstep_ray.training.accumulate import micro_batch_weights
 from hotstep_ray.training.adapters import AdapterSpec
 from hotstep_ray.training.checkpoint import load_checkpoint, model_fingerprint, save_checkpoint
+from hotstep_ray.training.flat_grads import FlatGrads
 from hotstep_ray.training.optim import HybridOptimizer, build_optimizer
 from hotstep_ray.training.schedule import LrSchedule, MilestoneTracker, StopRule
 
@@ -167,6 +168,7 @@ class DitRun:
     compile: str = "off"  # the resolved compile mode of the blocks
     fold: int = 1  # micro-batches of a window run as one (`fold_factor`)
     graph_steps: int = 0  # steps run with CUDA graphs so far in this process (`guarded_step`)
+    grad_flats: FlatGrads | None = None  # the CUDA-graph step's gradient buffers
     prepared: PreparedWindow | None = None  # the next step's inputs, made during this backward
     started: float = field(default_factory=time.time)
 
@@ -696,6 +698,11 @@ class StepResult:
 
 
 GRAPH_TRIAL_STEPS = 3  # CUDA-graph trees warm up, record, then replay: a fault shows by step 3
+# The CUDA-graph step's gradients as views of one flat buffer (`FlatGrads`); False keeps one
+# buffer per parameter (`compiling.stable_grads`) and torch's per-tensor clip, for the bench's
+# A/B (`dit_bench --no-flat-grads`). Not yet measured on a GPU; on the CPU the clip over 528
+# gradients goes 1.6 -> 0.035 ms of host time (flat_grads module docstring).
+FLAT_GRADS = True
 
 
 def guarded_step(
@@ -741,7 +748,8 @@ def optimizer_step(
     started = time.perf_counter()
     step, rank = run.state.step, run.settings.rank
     # CUDA graphs: a new step (the last step's graph outputs are dead), and gradients that live
-    # in buffers of their own across the micro-batches (`compiling.stable_grads`).
+    # in buffers of their own across the micro-batches (`compiling.stable_grads`), as views of
+    # one flat buffer (`FlatGrads`: clip, zeroing and all-reduce are then a few kernels).
     graphs = run.compile == "reduce-overhead"
     if graphs:
         torch.compiler.cudagraph_mark_step_begin()
@@ -750,7 +758,10 @@ def optimizer_step(
     prepared = _take_prepared(run, window, step)
     draws = prepared.draws
     params = run.params
-    if graphs:  # buffers zeroed by the previous step's end (or just allocated as zeros)
+    if graphs and FLAT_GRADS:  # buffers zeroed by the previous step's end, or new zeros
+        if run.grad_flats is None or not run.grad_flats.backs():
+            run.grad_flats = FlatGrads(params)
+    elif graphs:
         compiling.stable_grads(params)
     else:
         run.optimizer.zero_grad(set_to_none=True)
@@ -776,10 +787,17 @@ def optimizer_step(
         frames += sum(crop.frames for i in group for crop in draws.crops[i])
     if next_window is not None:  # host work in the shadow of the queued backward
         run.prepared = prepare_window(run, next_window, step + 1)
+    flats = run.grad_flats if graphs and FLAT_GRADS else None
     if run.settings.world_size > 1:
-        _all_reduce_grads(params, run.settings.world_size)
+        if flats is not None:
+            flats.all_reduce_(run.settings.world_size)
+        else:
+            _all_reduce_grads(params, run.settings.world_size)
     clip = run.options.grad_clip if run.options.grad_clip > 0 else math.inf
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+    if flats is not None:
+        grad_norm = float(flats.clip_(clip))
+    else:
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
     loss, raw = float(loss_sum), float(raw_sum)
     finite = math.isfinite(loss) and math.isfinite(grad_norm)
     factor = run.schedule.factor(step)
@@ -787,7 +805,10 @@ def optimizer_step(
         run.schedule.apply(run.optimizer, step)
         run.optimizer.step()
         run.state.step += 1
-    run.optimizer.zero_grad(set_to_none=not graphs)
+    if flats is not None:
+        flats.zero_()
+    else:
+        run.optimizer.zero_grad(set_to_none=not graphs)
     ms = (time.perf_counter() - started) * 1000
     samples = sum(len(micro_batch) for micro_batch in window)
     return StepResult(loss, raw, grad_norm, factor, samples, frames, ms, finite)

@@ -289,13 +289,16 @@ def test_compile_mode_resolution() -> None:
         dit.compile_mode("max-autotune", cuda)
 
 
+@pytest.mark.parametrize("flat", [True, False])
 def test_graph_mode_accumulates_into_stable_gradient_buffers(
-    storage, tiny_dit_dir, single_thread
+    storage, tiny_dit_dir, single_thread, flat, monkeypatch
 ) -> None:
     """With CUDA graphs a parameter's first gradient of a step would be the graph pool's memory,
     which the next micro-batch's replay overwrites: in that mode the step keeps one zeroed
-    buffer per parameter across micro-batches and steps. The math is the eager step's (the mode
-    is forced here on the CPU, where no graph is captured)."""
+    buffer per parameter across micro-batches and steps, each a view of one flat buffer, and
+    clips and zeroes the flat buffer. The math is the eager step's (the mode is forced here on
+    the CPU, where no graph is captured). `FLAT_GRADS` off: one buffer per parameter."""
+    monkeypatch.setattr(dit, "FLAT_GRADS", flat)
     options = fast_options(grad_accum=2, batch=1)
     eager = dit.setup(options, storage, SLUG, settings(tiny_dit_dir))
     graphs = dit.setup(options, storage, SLUG, settings(tiny_dit_dir))
@@ -305,13 +308,24 @@ def test_graph_mode_accumulates_into_stable_gradient_buffers(
     first = dit.optimizer_step(graphs, window)
     buffers = {id(p): p.grad for p in graphs.params}
     assert all(g is not None and not g.any() for g in buffers.values())  # zeroed, not dropped
+    flats = graphs.grad_flats  # every gradient a view of one flat buffer (`FlatGrads`)
+    if flat:
+        assert flats is not None and len(flats.buffers) == 1 and flats.backs()
+        assert flats.buffers[0].numel() == sum(p.numel() for p in graphs.params)
+    else:
+        assert flats is None and all(g._base is None for g in buffers.values())
     second = dit.optimizer_step(graphs, window)
     assert all(p.grad is buffers[id(p)] for p in graphs.params)  # the same buffers again
-    want = [dit.optimizer_step(eager, window) for _ in range(2)]
-    assert [first.loss, second.loss] == pytest.approx([w.loss for w in want], rel=1e-6)
-    assert [first.grad_norm, second.grad_norm] == pytest.approx(
-        [w.grad_norm for w in want], rel=1e-5
-    )
+    assert graphs.grad_flats is flats
+    graphs.optimizer.zero_grad(set_to_none=True)  # e.g. a bench's phase timing dropped them
+    third = dit.optimizer_step(graphs, window)
+    assert all(p.grad is not None for p in graphs.params)  # buffers again, before the backward
+    if flat:
+        assert graphs.grad_flats is not flats and graphs.grad_flats.backs()
+    want = [dit.optimizer_step(eager, window) for _ in range(3)]
+    got = [first, second, third]
+    assert [g.loss for g in got] == pytest.approx([w.loss for w in want], rel=1e-6)
+    assert [g.grad_norm for g in got] == pytest.approx([w.grad_norm for w in want], rel=1e-5)
     for key, value in adapters.adapter_state_dict(graphs.transformer).items():
         torch.testing.assert_close(value, adapters.adapter_state_dict(eager.transformer)[key])
 

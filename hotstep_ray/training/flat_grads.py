@@ -1,0 +1,78 @@
+"""Adapter gradients as views of one flat buffer per (device, dtype), for the CUDA-graph trainer.
+
+The CUDA-graph DiT step keeps its gradient buffers across steps (`compiling.stable_grads`), one
+tensor per adapter parameter: 528 on the 2B DiT with LoRA r64 or LoKR 512. Every per-step pass
+over them was then a list of 528 tensors: torch's `clip_grad_norm_` builds 528 norms and stacks
+them, `zero_grad` zeroes a 528-tensor list, the data-parallel all-reduce copied them into one
+buffer and back. That is host work, not arithmetic: the clip phase of a batch-1 step took 3.7
+ms (LoRA r64) and 5.6 ms (LoKR 512) for ~0.3 GB of float32 reads (H200, `dit_bench --profile`
+phase times; docs/BENCHMARKS.md, eleventh device run), and on this 2-core CPU torch's clip over
+528 16 × 16 gradients takes 1.6 ms against 0.035 ms for one norm and one scale of a flat buffer
+(best of 5, one thread; `pytest -s tests/training/test_flat_grads.py -k host_time` prints both).
+
+With the gradients as views of one buffer, autograd still accumulates into each view in place,
+and the clip, the zeroing and the all-reduce are one or two kernels per buffer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+
+
+class FlatGrads:
+    """Zeroed flat buffers, one per (device, dtype) in first-seen order, with every parameter's
+    `.grad` set to its slice viewed as the parameter. Allocate them outside any CUDA graph (at a
+    step's start, as `compiling.stable_grads`)."""
+
+    def __init__(self, params: Iterable[torch.nn.Parameter]) -> None:
+        groups: dict[tuple[torch.device, torch.dtype], list[torch.nn.Parameter]] = {}
+        for param in params:
+            groups.setdefault((param.device, param.dtype), []).append(param)
+        self.buffers: list[torch.Tensor] = []
+        self._pairs: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+        for (device, dtype), members in groups.items():
+            flat = torch.zeros(sum(p.numel() for p in members), device=device, dtype=dtype)
+            offset = 0
+            for param in members:
+                count = param.numel()
+                param.grad = flat[offset : offset + count].view_as(param)
+                self._pairs.append((param, flat))
+                offset += count
+            self.buffers.append(flat)
+
+    def backs(self) -> bool:
+        """Whether every parameter's `.grad` is still its view of these buffers (something may
+        have set it to None or replaced it since)."""
+        return all(p.grad is not None and p.grad._base is flat for p, flat in self._pairs)
+
+    def zero_(self) -> None:
+        for flat in self.buffers:
+            flat.zero_()
+
+    def clip_(self, max_norm: float) -> torch.Tensor:
+        """`torch.nn.utils.clip_grad_norm_(params, max_norm)` over the buffers: the global L2
+        norm (returned, float32 or wider), and every gradient scaled by
+        min(1, max_norm / (norm + 1e-6)). `max_norm` inf: the norm only."""
+        norms = [torch.linalg.vector_norm(flat, dtype=_wide(flat.dtype)) for flat in self.buffers]
+        total = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
+        if math.isinf(max_norm):
+            return total
+        scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for flat in self.buffers:
+            flat.mul_(scale.to(flat.dtype))
+        return total
+
+    def all_reduce_(self, world_size: int) -> None:
+        """Average the gradients over the workers: one all-reduce per buffer, in place."""
+        import torch.distributed as dist
+
+        for flat in self.buffers:
+            dist.all_reduce(flat)
+            flat /= world_size
+
+
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)

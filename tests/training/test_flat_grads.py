@@ -1,0 +1,121 @@
+"""Gradients as views of one flat buffer (`training.flat_grads`): autograd accumulates into the
+views, and the clip, zeroing and all-reduce over the buffers equal torch's per-tensor ones."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+
+from hotstep_ray.training.flat_grads import FlatGrads
+
+
+def _params(seed: int = 0) -> list[torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(16, 64), (64, 16), (4, 4), (6, 4), (1024,)]
+    return [torch.nn.Parameter(torch.randn(*s, generator=g)) for s in shapes]
+
+
+def _loss(params: list[torch.nn.Parameter], scale: float) -> torch.Tensor:
+    return sum(scale * (p**2).sum() + p.sum() for p in params)
+
+
+def test_autograd_accumulates_into_the_views() -> None:
+    params = _params()
+    flats = FlatGrads(params)
+    assert len(flats.buffers) == 1 and flats.buffers[0].numel() == sum(p.numel() for p in params)
+    assert not flats.buffers[0].any() and flats.backs()
+    _loss(params, 1.0).backward()
+    _loss(params, 0.5).backward()  # a second micro-batch adds in place
+    for p in params:
+        torch.testing.assert_close(p.grad, 3.0 * p.detach() + 2.0)  # (2 + 1)·p + 1 + 1
+        assert p.grad._base is flats.buffers[0]
+    assert flats.backs()
+    flats.zero_()
+    assert all(not p.grad.any() for p in params) and flats.backs()
+    params[2].grad = None
+    assert not flats.backs()
+    params[2].grad = torch.zeros_like(params[2])  # a buffer of its own: not a view any more
+    assert not flats.backs()
+
+
+@pytest.mark.parametrize("max_norm", [1.0, 1e6, math.inf])
+def test_clip_equals_torchs_clip_grad_norm(max_norm: float) -> None:
+    mine, theirs = _params(1), _params(1)
+    flats = FlatGrads(mine)
+    for p, q in zip(mine, theirs, strict=True):
+        grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel()))
+        p.grad.copy_(grad)
+        q.grad = grad.clone()
+    got = flats.clip_(max_norm)
+    want = torch.nn.utils.clip_grad_norm_(theirs, max_norm)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    for p, q in zip(mine, theirs, strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-7)
+    if max_norm == 1.0:  # it did clip
+        assert torch.linalg.vector_norm(flats.buffers[0]) == pytest.approx(1.0, rel=1e-5)
+
+
+def test_one_buffer_per_dtype_and_a_norm_over_all() -> None:
+    params = _params(2) + [torch.nn.Parameter(torch.ones(8, dtype=torch.float64))]
+    flats = FlatGrads(params)
+    assert [b.dtype for b in flats.buffers] == [torch.float32, torch.float64]
+    for p in params:
+        p.grad.fill_(1.0)
+    total = flats.clip_(math.inf)
+    assert total.item() == pytest.approx(math.sqrt(sum(p.numel() for p in params)))
+
+
+def test_all_reduce_averages_each_buffer_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two workers with the same gradients: the all-reduce sums them, the average is unchanged."""
+    import torch.distributed as dist
+
+    reduced: list[int] = []
+
+    def all_reduce(tensor: torch.Tensor) -> None:
+        reduced.append(tensor.numel())
+        tensor.mul_(2)
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    params = _params(3)
+    flats = FlatGrads(params)
+    for p in params:
+        p.grad.fill_(0.25)
+    flats.all_reduce_(2)
+    assert reduced == [flats.buffers[0].numel()]  # one call for the whole buffer
+    assert all(torch.equal(p.grad, torch.full_like(p, 0.25)) for p in params)
+
+
+def test_host_time_of_the_clip(capsys: pytest.CaptureFixture[str]) -> None:
+    """The module docstring's CPU numbers (`pytest -s ... -k host_time`): torch's clip over 528
+    16 x 16 gradients against the clip over one flat buffer, best of 5 x 20 calls, one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        theirs = [torch.nn.Parameter(torch.randn(16, 16)) for _ in range(528)]
+        for p in theirs:
+            p.grad = torch.randn(16, 16)
+        mine = [torch.nn.Parameter(p.detach().clone()) for p in theirs]
+        flats = FlatGrads(mine)
+        flats.buffers[0].normal_()
+
+        def best_ms(fn) -> float:
+            runs = []
+            for _ in range(5):
+                started = time.perf_counter()
+                for _ in range(20):
+                    fn()
+                runs.append((time.perf_counter() - started) / 20 * 1000)
+            return min(runs)
+
+        torch_ms = best_ms(lambda: torch.nn.utils.clip_grad_norm_(theirs, 1e9))
+        flat_ms = best_ms(lambda: flats.clip_(1e9))
+    finally:
+        torch.set_num_threads(threads)
+    with capsys.disabled():
+        print(
+            f"\nclip over 528 gradients: torch {torch_ms:.3f} ms, one flat buffer {flat_ms:.3f} ms"
+        )
+    assert flat_ms < torch_ms
