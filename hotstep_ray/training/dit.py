@@ -700,8 +700,9 @@ class StepResult:
 GRAPH_TRIAL_STEPS = 3  # CUDA-graph trees warm up, record, then replay: a fault shows by step 3
 # The CUDA-graph step's gradients as views of one flat buffer (`FlatGrads`); False keeps one
 # buffer per parameter (`compiling.stable_grads`) and torch's per-tensor clip, for the bench's
-# A/B (`dit_bench --no-flat-grads`). Not yet measured on a GPU; on the CPU the clip over 528
-# gradients goes 1.6 -> 0.035 ms of host time (flat_grads module docstring).
+# A/B (`dit_bench --no-flat-grads`). Not yet measured on a GPU; on the CPU, torch's clip over
+# 528 16 x 16 gradients on one thread takes 1.6 ms of host time, the flat one 0.035 ms (the
+# flat_grads module docstring has the command).
 FLAT_GRADS = True
 
 
@@ -728,6 +729,7 @@ def guarded_step(
         import torch._dynamo as dynamo
 
         run.optimizer.zero_grad(set_to_none=True)
+        run.grad_flats = None  # plain compiled steps let autograd allocate gradients per step
         dynamo.reset()
         compile_blocks(run.transformer, "default")
         run.compile = "default"
@@ -788,6 +790,8 @@ def optimizer_step(
     if next_window is not None:  # host work in the shadow of the queued backward
         run.prepared = prepare_window(run, next_window, step + 1)
     flats = run.grad_flats if graphs and FLAT_GRADS else None
+    if flats is not None and not flats.backs():  # never seen; the per-tensor path stays right
+        flats = None
     if run.settings.world_size > 1:
         if flats is not None:
             flats.all_reduce_(run.settings.world_size)

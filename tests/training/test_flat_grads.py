@@ -37,6 +37,8 @@ def test_autograd_accumulates_into_the_views() -> None:
     assert all(not p.grad.any() for p in params) and flats.backs()
     params[2].grad = None
     assert not flats.backs()
+    params[2].grad = flats.buffers[0][1024 + 1024 : 1024 + 1024 + 16].view(4, 4)
+    assert not flats.backs()  # the same memory, but not the view it was given
     params[2].grad = torch.zeros_like(params[2])  # a buffer of its own: not a view any more
     assert not flats.backs()
 
