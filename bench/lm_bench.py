@@ -52,6 +52,7 @@ import torch  # noqa: E402
 from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 from hotstep_ray.training import compiling, lm, lm_data, lm_loss, lm_vram  # noqa: E402
+from hotstep_ray.training.flat_grads import FlatGrads  # noqa: E402
 from hotstep_ray.training.optim import build_optimizer  # noqa: E402
 
 PEAK_FLOPS = 989e12  # H200 SXM dense bf16
@@ -225,10 +226,9 @@ def run_config(
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in trainable]
     optimizer = build_optimizer(trainable, kind=optimizer_kind, lr=1e-5)
-    keep_grads = mode == "reduce-overhead"  # `lm.stable_grads`: .grad outside the graph pool
-    if keep_grads:
-        for param in params:
-            param.grad = torch.zeros_like(param)
+    # as `lm.setup_lm`: with CUDA graphs, gradients outside the graph pool as views of one flat
+    # buffer, clipped and zeroed as one (`FlatGrads`)
+    flats = FlatGrads(params) if mode == "reduce-overhead" else None
     batch = batch.to(device)
 
     def step(batch: lm_data.MicroBatch = batch) -> None:
@@ -237,9 +237,14 @@ def run_config(
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             loss = lm_loss.batch_loss(module, batch)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=not keep_grads)
+        if flats is not None:
+            flats.clip_(1.0)
+            optimizer.step()
+            flats.zero_()
+        else:
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
 
     compile_info: dict[str, Any] = {}
     try:

@@ -58,6 +58,7 @@ from hotstep_ray.models import lm_tokenizer
 from hotstep_ray.training import adapters, checkpoint, compiling, export, lm_loss, lm_vram
 from hotstep_ray.training import lm_data as data
 from hotstep_ray.training.adapters import AdapterSpec
+from hotstep_ray.training.flat_grads import FlatGrads
 from hotstep_ray.training.optim import build_optimizer
 from hotstep_ray.training.schedule import LrSchedule, MilestoneTracker, StopRule
 
@@ -332,6 +333,7 @@ class LmSetup:
     rank: int = 0
     world: int = 1
     events: EventLog | None = None
+    grad_flats: FlatGrads | None = None  # the CUDA-graph step's gradient buffers
 
     @property
     def is_main(self) -> bool:
@@ -564,8 +566,12 @@ def setup_lm(
     if mode != "off":  # after the switches above: the graphs are traced with them
         compiling.set_activation_budget(engine.activation_budget)
         lm_loss.compile_layers(model.model.layers, mode)
+    # CUDA graphs: gradients outside the graph pool (`compiling.stable_grads`), as views of one
+    # flat buffer (`FlatGrads`: the clip and the zeroing are then a few kernels, not lists of
+    # ~500 LoRA tensors). Graphs run on one GPU only (`compiling.with_graphs`), so no DDP here.
+    grad_flats = None
     if mode == "reduce-overhead":
-        compiling.stable_grads([p for _, p in adapters.trainable_parameters(model)])
+        grad_flats = FlatGrads([p for _, p in adapters.trainable_parameters(model)])
     model.train()
     module: nn.Module = lm_loss.LmLossModule(model, engine.ce_chunk)
     if world > 1:
@@ -620,6 +626,7 @@ def setup_lm(
         rank=rank,
         world=world,
         events=events,
+        grad_flats=grad_flats,
     )
     _announce(setup, optimizer.split_summary())
     return setup
@@ -749,14 +756,22 @@ def run_epoch(setup: LmSetup, state: LmTrainState, epoch: int) -> dict[str, Any]
                 (song_losses / in_window).backward()
             window_loss += song_losses.detach()
             songs += batch.n_songs
-        norms.append(torch.nn.utils.clip_grad_norm_(params, clip))
+        flats = setup.grad_flats if keep_grads else None
+        if flats is not None and flats.backs():
+            norms.append(flats.clip_(clip))
+        else:  # per tensor; also where something replaced the views
+            flats = None
+            norms.append(torch.nn.utils.clip_grad_norm_(params, clip))
         if not torch.isfinite(norms[-1]):  # stop before a NaN/Inf step can reach the adapter
             setup.optimizer.zero_grad(set_to_none=not keep_grads)
             setup.log(f"non-finite gradient at step {state.step}; stopping", "error")
             return {"epoch": epoch, "loss": math.nan, "lr": 0.0, "grad_norm": math.nan, "ms": 0.0}
         factor = setup.schedule.apply(setup.optimizer, state.step)
         setup.optimizer.step()
-        setup.optimizer.zero_grad(set_to_none=not keep_grads)
+        if flats is not None:
+            flats.zero_()
+        else:
+            setup.optimizer.zero_grad(set_to_none=not keep_grads)
         loss_sum += window_loss
         state.step += 1
         if state.step % engine.log_every == 0:

@@ -365,7 +365,7 @@ def test_a_compiled_training_run_equals_the_eager_run(tiny, eager_run, mode, mon
     `aot_eager` for Inductor): padded 64-token rows, layer 0 checkpointed, two micro-batches per
     step, the held-out songs evaluated eagerly (no graphs of their own), and the epoch losses of
     the eager run. reduce-overhead also keeps one `.grad` buffer per adapter parameter for the
-    whole run (`compiling.stable_grads`: gradients never live in the CUDA-graph pool)."""
+    whole run (gradients never live in the CUDA-graph pool), each a view of one flat buffer."""
     folder, storage = tiny
     counter = CompileCounterWithBackend("aot_eager")
     compile_layers = lm_loss.compile_layers
@@ -395,6 +395,11 @@ def test_a_compiled_training_run_equals_the_eager_run(tiny, eager_run, mode, mon
     assert held == pytest.approx([row["loss"] for row in eager["holdout"]["epochs"]], rel=1e-4)
     if mode == "reduce-overhead":
         assert [p.grad.data_ptr() for p in params] == buffers
+        # one flat buffer behind every gradient, clipped and zeroed as one (`FlatGrads`)
+        assert setup.grad_flats is not None and setup.grad_flats.backs()
+        assert [b.numel() for b in setup.grad_flats.buffers] == [sum(p.numel() for p in params)]
+    else:
+        assert setup.grad_flats is None
     log = lm.train_log(setup, state)
     assert log["config"]["compile"] == mode and log["config"]["pad_multiple"] == 64
 
