@@ -121,3 +121,29 @@ def test_host_time_of_the_clip(capsys: pytest.CaptureFixture[str]) -> None:
             f"\nclip over 528 gradients: torch {torch_ms:.3f} ms, one flat buffer {flat_ms:.3f} ms"
         )
     assert flat_ms < torch_ms
+
+
+def _average_on_rank(rank: int, world: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        params = _params(4)
+        flats = FlatGrads(params)
+        for p in params:
+            p.grad.fill_(float(rank + 1))  # rank 0: 1, rank 1: 2
+        flats.all_reduce_(world)
+        torch.save([p.grad.clone() for p in params], f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_all_reduce_averages_across_two_real_gloo_ranks(tmp_path) -> None:
+    """Two processes on a real gloo group: every gradient view ends at the ranks' mean."""
+    import torch.multiprocessing as mp
+
+    init, out = f"file://{tmp_path / 'rendezvous'}", str(tmp_path / "grads")
+    mp.spawn(_average_on_rank, args=(2, init, out), nprocs=2, join=True)
+    for rank in range(2):
+        grads = torch.load(f"{out}.{rank}")
+        assert all(torch.equal(g, torch.full_like(g, 1.5)) for g in grads)
