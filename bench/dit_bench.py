@@ -51,7 +51,6 @@ from hotstep_ray.core.storage import Storage  # noqa: E402
 from hotstep_ray.models import full_configs as fc  # noqa: E402
 from hotstep_ray.models.tiny_dit import tiny_config  # noqa: E402
 from hotstep_ray.training import adapters, dit, dit_data, dit_vram, optim  # noqa: E402
-from hotstep_ray.training.flat_grads import FlatGrads  # noqa: E402
 
 GIB = 1024**3
 CONDITION_TOKENS = 769
@@ -384,16 +383,6 @@ def profile_step(run: dit.DitRun, top_n: int = 12) -> dict[str, Any]:
     }
 
 
-def clip(run: dit.DitRun) -> None:
-    """The trainer's clip: over the flat gradient buffer where its gradients are views of one
-    (the CUDA-graph step, `FlatGrads`), else torch's over the tensors."""
-    flats = run.grad_flats
-    if flats is not None and flats.backs():
-        flats.clip_(1.0)
-    else:
-        torch.nn.utils.clip_grad_norm_(run.params, 1.0)
-
-
 def _random_update(run: dit.DitRun) -> Any:
     """The update alone (clip + optimizer step) on random gradients, warmed once. Existing
     gradient buffers are filled in place: the CUDA-graph trainer keeps them across steps."""
@@ -404,7 +393,7 @@ def _random_update(run: dit.DitRun) -> Any:
             param.grad.normal_().mul_(1e-3)
 
     def update() -> None:
-        clip(run)
+        dit.clip_grads(run, 1.0, dit.live_flats(run))
         run.optimizer.step()
 
     update()  # warm (lazy state)
@@ -449,7 +438,7 @@ def profile_optimizer(run: dit.DitRun) -> dict[str, Any]:
 
     wall_ms = update_ms(run, repeats=1)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        clip(run)
+        dit.clip_grads(run, 1.0, dit.live_flats(run))
         run.optimizer.step()
         synchronize(run.device)
     run.optimizer.zero_grad(set_to_none=False)  # the next profiled step starts from zero
@@ -466,9 +455,9 @@ def phase_times(run: dit.DitRun, repeats: int = 3) -> dict[str, Any]:
     up to a slower step than the pipelined one): where the host time between kernels goes."""
     window = [tuple(range(run.fit.batch))]
     phases: dict[str, list[float]] = {}
-    graphs = run.compile == "reduce-overhead" and dit.FLAT_GRADS
-    if graphs and (run.grad_flats is None or not run.grad_flats.backs()):
-        run.grad_flats = FlatGrads(run.params)  # the trainer's gradient buffers, as in its step
+    graphs = run.compile == "reduce-overhead"
+    if graphs:
+        dit.keep_grads(run)  # the trainer's gradient buffers, as in its step
 
     def mark(name: str, started: float) -> float:
         synchronize(run.device)
@@ -496,13 +485,14 @@ def phase_times(run: dit.DitRun, repeats: int = 3) -> dict[str, Any]:
         t = mark("assemble_copy_forward", t)
         out.loss.backward()
         t = mark("backward", t)
-        clip(run)
+        dit.clip_grads(run, 1.0, dit.live_flats(run))
         t = mark("clip", t)
         run.optimizer.step()
-        if graphs:
-            run.grad_flats.zero_()
+        flats = dit.live_flats(run) if graphs else None
+        if flats is not None:  # as the trainer's step ends
+            flats.zero_()
         else:
-            run.optimizer.zero_grad(set_to_none=True)
+            run.optimizer.zero_grad(set_to_none=not graphs)
         mark("optimizer", t)
         del batch
     return {name: round(statistics.median(ms), 2) for name, ms in phases.items()}

@@ -738,6 +738,31 @@ def guarded_step(
     return result
 
 
+def keep_grads(run: DitRun) -> None:
+    """A CUDA-graph step's gradient buffers, outside the graph pool and kept across micro-batches
+    and steps: views of one flat buffer (`FlatGrads`, attached again if something dropped them),
+    or with FLAT_GRADS off one buffer per parameter (`compiling.stable_grads`)."""
+    if not FLAT_GRADS:
+        compiling.stable_grads(run.params)
+    elif run.grad_flats is None or not run.grad_flats.backs():
+        run.grad_flats = FlatGrads(run.params)
+
+
+def live_flats(run: DitRun) -> FlatGrads | None:
+    """The flat gradient buffer if every gradient is still its view, else None (the per-tensor
+    paths then stay right)."""
+    flats = run.grad_flats if FLAT_GRADS else None
+    return flats if flats is not None and flats.backs() else None
+
+
+def clip_grads(run: DitRun, max_norm: float, flats: FlatGrads | None = None) -> torch.Tensor:
+    """The global-norm clip of the adapter's gradients (returns the norm): over the flat buffer
+    when `flats` is given, else torch's per-tensor `clip_grad_norm_`."""
+    if flats is not None:
+        return flats.clip_(max_norm)
+    return torch.nn.utils.clip_grad_norm_(run.params, max_norm)
+
+
 def optimizer_step(
     run: DitRun,
     window: list[tuple[int, ...]],
@@ -760,11 +785,8 @@ def optimizer_step(
     prepared = _take_prepared(run, window, step)
     draws = prepared.draws
     params = run.params
-    if graphs and FLAT_GRADS:  # buffers zeroed by the previous step's end, or new zeros
-        if run.grad_flats is None or not run.grad_flats.backs():
-            run.grad_flats = FlatGrads(params)
-    elif graphs:
-        compiling.stable_grads(params)
+    if graphs:  # buffers zeroed by the previous step's end, or new zeros
+        keep_grads(run)
     else:
         run.optimizer.zero_grad(set_to_none=True)
     # The draws are made per planned micro-batch; `run.fold` of them then run as one.
@@ -789,19 +811,14 @@ def optimizer_step(
         frames += sum(crop.frames for i in group for crop in draws.crops[i])
     if next_window is not None:  # host work in the shadow of the queued backward
         run.prepared = prepare_window(run, next_window, step + 1)
-    flats = run.grad_flats if graphs and FLAT_GRADS else None
-    if flats is not None and not flats.backs():  # never seen; the per-tensor path stays right
-        flats = None
+    flats = live_flats(run) if graphs else None
     if run.settings.world_size > 1:
         if flats is not None:
             flats.all_reduce_(run.settings.world_size)
         else:
             _all_reduce_grads(params, run.settings.world_size)
     clip = run.options.grad_clip if run.options.grad_clip > 0 else math.inf
-    if flats is not None:
-        grad_norm = float(flats.clip_(clip))
-    else:
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+    grad_norm = float(clip_grads(run, clip, flats))
     loss, raw = float(loss_sum), float(raw_sum)
     finite = math.isfinite(loss) and math.isfinite(grad_norm)
     factor = run.schedule.factor(step)

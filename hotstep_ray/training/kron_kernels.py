@@ -68,12 +68,19 @@ def tokens_per_program(a_pad: int, c_pad: int) -> int:
     return max(16 // min(a_pad, c_pad), 64 // max(a_pad, c_pad))
 
 
+def blocking(x: torch.Tensor, y: torch.Tensor) -> tuple[int, int, int, int, int]:
+    """(A, C, BT, token blocks, column spans) of the kernel for x `[tokens, a, n]`, y
+    `[tokens, c, n]`: the one place the launch grid is worked out."""
+    tokens, a, n = x.shape
+    a_pad, c_pad = padded_rows(a), padded_rows(y.shape[1])
+    bt = tokens_per_program(a_pad, c_pad)
+    return a_pad, c_pad, bt, -(-tokens // bt), -(-n // COLUMNS_PER_PROGRAM)
+
+
 def partials_shape(x: torch.Tensor, y: torch.Tensor) -> tuple[int, int, int]:
     """`[programs, a, c]` of the op's partials: token blocks × column spans."""
-    tokens, a, n = x.shape
-    c = y.shape[1]
-    bt = tokens_per_program(padded_rows(a), padded_rows(c))
-    return (-(-tokens // bt)) * (-(-n // COLUMNS_PER_PROGRAM)), a, c
+    *_, blocks, spans = blocking(x, y)
+    return blocks * spans, x.shape[1], y.shape[1]
 
 
 def pair_partials_blocked(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -84,9 +91,7 @@ def pair_partials_blocked(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     tests of the kernel's indexing and masking."""
     tokens, a, n = x.shape
     c = y.shape[1]
-    a_pad, c_pad = padded_rows(a), padded_rows(c)
-    bt = tokens_per_program(a_pad, c_pad)
-    blocks, spans = -(-tokens // bt), -(-n // COLUMNS_PER_PROGRAM)
+    a_pad, c_pad, bt, blocks, spans = blocking(x, y)
     wide = torch.promote_types(x.dtype, torch.float32)
     width = spans * COLUMNS_PER_PROGRAM
     xp = x.new_zeros(blocks * bt, a_pad, width, dtype=wide)
@@ -106,10 +111,9 @@ def pair_partials_blocked(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def partials_bmm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """The op's fallback: `pair_sums_bmm` per token block in the first span of each block, zeros
     in the others, so its shape is the kernel's (`partials_shape`) whichever path ran."""
-    tokens, a, n = x.shape
+    tokens, a, _ = x.shape
     c = y.shape[1]
-    bt = tokens_per_program(padded_rows(a), padded_rows(c))
-    blocks, spans = -(-tokens // bt), -(-n // COLUMNS_PER_PROGRAM)
+    _, _, bt, blocks, spans = blocking(x, y)
     per_token = torch.bmm(x, y.transpose(1, 2)).float()  # [tokens, a, c]
     padded = per_token.new_zeros(blocks * bt, a, c)
     padded[:tokens] = per_token
@@ -203,9 +207,7 @@ def pair_partials_triton(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         y = y.contiguous()
     tokens, a, n = x.shape
     c = y.shape[1]
-    a_pad, c_pad = padded_rows(a), padded_rows(c)
-    bt = tokens_per_program(a_pad, c_pad)
-    blocks, spans = -(-tokens // bt), -(-n // COLUMNS_PER_PROGRAM)
+    a_pad, c_pad, bt, blocks, spans = blocking(x, y)
     partials = torch.empty(blocks * spans, a, c, dtype=torch.float32, device=x.device)
     kernel[(blocks, spans)](
         x,

@@ -145,5 +145,5 @@ def test_all_reduce_averages_across_two_real_gloo_ranks(tmp_path) -> None:
     init, out = f"file://{tmp_path / 'rendezvous'}", str(tmp_path / "grads")
     mp.spawn(_average_on_rank, args=(2, init, out), nprocs=2, join=True)
     for rank in range(2):
-        grads = torch.load(f"{out}.{rank}")
+        grads = torch.load(f"{out}.{rank}", weights_only=True)
         assert all(torch.equal(g, torch.full_like(g, 1.5)) for g in grads)
