@@ -130,7 +130,7 @@ def parse_args() -> argparse.Namespace:
         "--muon-ns-precision",
         default="auto",
         choices=("auto", *optim.NS_PRECISIONS),
-        help="Muon's Newton-Schulz precision (auto: tf32 on CUDA)",
+        help="Muon's Newton-Schulz precision (auto: bfloat16_batched on CUDA)",
     )
     parser.add_argument(
         "--optimizer-time",

@@ -96,7 +96,7 @@ def ns_error(muon: optim.Muon, shape: tuple[int, int], device: torch.device) -> 
     else:
         stack = grad.float().unsqueeze(0)  # the bucketed path's [N, m, n] form
         with tf32_matmuls() if muon.ns_precision == "tf32" else contextlib.nullcontext():
-            got = optim.newton_schulz(stack, *ns)[0]
+            got = optim.newton_schulz(stack, *ns, muon.ns_dtype)[0]
     return float((got.double() - reference).abs().max() / reference.abs().max())
 
 
@@ -105,7 +105,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("muon_bench.json"))
     parser.add_argument("--models", default="2b,xl")
     parser.add_argument("--adapters", default="lora64,lokr512")
-    parser.add_argument("--precisions", default="float32,tf32,bfloat16")
+    parser.add_argument("--precisions", default="float32,tf32,bfloat16,bfloat16_batched")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()

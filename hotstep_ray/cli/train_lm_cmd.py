@@ -97,7 +97,9 @@ def run(
     lokr_factor: int | None = typer.Option(None),
     optimizer: str | None = typer.Option(None, help="muon or adamw."),
     muon_ns_precision: str | None = typer.Option(
-        None, help="Muon's Newton-Schulz: auto (TF32 on CUDA), float32, tf32 or bfloat16."
+        None,
+        help="Muon's Newton-Schulz: auto (bfloat16_batched on CUDA), float32, tf32, bfloat16 "
+        "or bfloat16_batched.",
     ),
     lr: float | None = typer.Option(None, help="Peak learning rate."),
     epochs: int | None = typer.Option(None),

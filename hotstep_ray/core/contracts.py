@@ -45,9 +45,11 @@ TERMINAL_JOB_STATUSES: frozenset[str] = frozenset({"done", "failed", "cancelled"
 LmSize = Literal["0.6B", "1.7B", "4B"]
 AdapterType = Literal["lora", "lokr"]
 OptimizerName = Literal["adamw", "muon"]
-# Muon's Newton-Schulz precision: "auto" = TF32 tensor cores on CUDA, IEEE float32 elsewhere;
-# "bfloat16" = torch.optim.Muon's own step (training.optim explains and measures each).
-NsPrecision = Literal["float32", "tf32", "bfloat16"]
+# Muon's Newton-Schulz precision: "auto" = "bfloat16_batched" on CUDA (the bucketed step in
+# bfloat16, torch.optim.Muon's precision), IEEE float32 elsewhere; "tf32" = float32 on TF32
+# tensor cores; "bfloat16" = torch.optim.Muon's own step, per parameter (training.optim explains
+# and measures each).
+NsPrecision = Literal["float32", "tf32", "bfloat16", "bfloat16_batched"]
 MuonNsPrecision = Literal["auto", NsPrecision]
 SampleOrder = Literal["shuffle", "sequential"]
 LossWeighting = Literal["none", "min_snr", "flow_snr"]

@@ -19,13 +19,20 @@ Muon. `"match_rms_adamw"` (Moonshot: 0.2·sqrt(max side)) would stack on the ×2
 Precision (`ns_precision`). torch 2.13's Muon casts the Newton–Schulz iteration to bfloat16;
 "bfloat16" reproduces its step bit for bit. "float32" is IEEE float32. "tf32" keeps float32
 tensors and runs the GEMMs on TF32 tensor cores (CUDA only; on the CPU it is "float32" exactly).
-"tf32" is the CUDA default (`muon_ns_precision` "auto" in the train options): a LoKR 512 adapter
-on the 2B DiT stacks 264 factors of 256-1024 a side, ~0.95 TFLOP of Newton–Schulz per step.
+"tf32" was the CUDA default until session 10 measured the batched bfloat16 step: a LoKR 512
+adapter on the 2B DiT stacks 264 factors of 256-1024 a side, ~0.95 TFLOP of Newton–Schulz per step.
 H200, the Muon step alone on those shapes (bench/muon_bench.py; docs/BENCHMARKS.md, tenth device
 run), with the largest deviation from float64 Newton–Schulz relative to its largest element:
 float32 25.3 ms (3e-6), tf32 8.7 ms (5.1e-3), bfloat16 105.5 ms (2.1e-2; per parameter, as
 torch). DiT LoRA r64: 9.6 / 6.9 / 236.7 ms. Five quintic steps only bring the singular values
 into (0.5, 1.5) anyway, so TF32's 5e-3 is far inside what Muon tolerates.
+
+"bfloat16_batched", the CUDA default ("auto"), is the bucketed step in bfloat16: the precision of
+torch's Muon and of the Muon reference, at twice TF32's tensor-core rate. LoKR's 512-wide square
+w2 factors carry ~9x the Newton–Schulz arithmetic of LoRA r64's rank-64 ones (0.95 against
+0.106 TFLOP a step), so LoKR's update is where the precision shows. Same bench, session 10:
+LoKR 512 tf32 8.78 ms -> bfloat16_batched 5.41 ms (1.8e-2 from float64, against torch's own
+bf16 loop's 2.1e-2); LoRA r64 6.39 -> 5.65 ms (2.3e-2).
 
 Bucketing. LoRA/LoKR adapters give hundreds of small matrices (DiT LoRA r64: 528), and one
 Newton–Schulz per parameter (5 iterations × 3 GEMMs) makes the step launch-bound on a GPU. Same
@@ -55,9 +62,10 @@ NS_PRECISIONS: tuple[str, ...] = get_args(NsPrecision)
 
 
 def resolve_ns_precision(setting: str, on_cuda: bool) -> NsPrecision:
-    """ "auto" by device ("tf32" on CUDA, "float32" elsewhere); a named precision as given."""
+    """ "auto" by device ("bfloat16_batched" on CUDA, "float32" elsewhere); a named precision
+    as given."""
     if setting == "auto":
-        return "tf32" if on_cuda else "float32"
+        return "bfloat16_batched" if on_cuda else "float32"
     if setting not in NS_PRECISIONS:
         raise ValueError(
             f"Muon ns_precision must be auto or one of {NS_PRECISIONS}, not {setting!r}"
@@ -84,18 +92,22 @@ def newton_schulz(
     if grad.ndim not in (2, 3):
         raise ValueError(f"newton_schulz takes [m, n] or [N, m, n], got {tuple(grad.shape)}")
     a, b, c = coefficients
-    x = grad.to(dtype)
     tall = grad.size(-2) > grad.size(-1)
-    if tall:
-        x = x.mT
-    if x.ndim == 2:
+    if grad.ndim == 2:
+        x = grad.to(dtype)
+        x = x.mT if tall else x
         x = x / x.norm().clamp(min=eps)
         for _ in range(steps):
             gram = x @ x.T  # [m, m]
             poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)  # b·A + c·A²
             x = torch.addmm(x, poly, x, beta=a)  # a·X + (b·A + c·A²)·X
     else:
+        # Normalised in float32 before any cast: a bf16 norm over a 512 x 1024 slab would add
+        # its own rounding to every element (a float32 input and dtype make both casts no-ops).
+        x = grad.to(torch.promote_types(grad.dtype, torch.float32))
+        x = x.mT if tall else x
         x = x / torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True).clamp(min=eps)
+        x = x.to(dtype)
         for _ in range(steps):
             gram = x @ x.mT  # [N, m, m]
             poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
@@ -131,8 +143,9 @@ class Muon(torch.optim.Muon):
 
     `ns_precision="bfloat16"` keeps the per-parameter loop: it exists to reproduce torch's step
     bit for bit, and a batched bf16 GEMM/norm need not round like torch's per-matrix ones.
-    "tf32" is the bucketed float32 step with TF32 GEMMs on CUDA; "auto" is "tf32" when the
-    parameters are on CUDA, else "float32"."""
+    "bfloat16_batched" is the bucketed step with the iteration in bfloat16 (each slab's norm
+    taken in float32 first); "auto" resolves to it when the parameters are on CUDA, else to
+    "float32". "tf32" is the bucketed float32 step with TF32 GEMMs on CUDA."""
 
     def __init__(
         self,
@@ -152,7 +165,8 @@ class Muon(torch.optim.Muon):
     @property
     def ns_dtype(self) -> torch.dtype:
         """The dtype Newton–Schulz runs in (TF32 is float32 tensors on TF32 tensor cores)."""
-        return torch.bfloat16 if self.ns_precision == "bfloat16" else torch.float32
+        bf16 = self.ns_precision in ("bfloat16", "bfloat16_batched")
+        return torch.bfloat16 if bf16 else torch.float32
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:

@@ -303,7 +303,7 @@ def test_zero_grad_keeps_the_buffers_and_zeroes_them_in_one_call(make_toy, monke
 
 
 def test_ns_precision_resolution():
-    assert optim.resolve_ns_precision("auto", on_cuda=True) == "tf32"
+    assert optim.resolve_ns_precision("auto", on_cuda=True) == "bfloat16_batched"
     assert optim.resolve_ns_precision("auto", on_cuda=False) == "float32"
     for name in optim.NS_PRECISIONS:
         assert optim.resolve_ns_precision(name, on_cuda=True) == name
@@ -354,3 +354,42 @@ def test_tf32_runs_newton_schulz_under_tf32_matmuls_and_is_float32_on_the_cpu(mo
     # the knob is CUDA's: CPU float32 GEMMs are unchanged, so the steps are bitwise equal
     for a, b in zip(tf32, plain, strict=True):
         assert torch.equal(a, b)
+
+
+def test_bfloat16_batched_runs_the_bucketed_iteration_in_bf16(monkeypatch):
+    """One batched Newton–Schulz per bucket (not torch's per-parameter loop), its GEMMs on
+    bf16 stacks, and a step close to the float32 one: bf16's ~3 significant digits, not a
+    different update."""
+    seen = []
+    real = optim.newton_schulz
+
+    def spy(grad, *args, **kwargs):
+        out = real(grad, *args, **kwargs)
+        seen.append((grad.ndim, out.dtype))
+        return out
+
+    monkeypatch.setattr(optim, "newton_schulz", spy)
+    batched = _steps("bfloat16_batched")
+    assert seen == [(3, torch.bfloat16)] * 3  # 3 same-shape params: one stack per step
+    generator = torch.Generator().manual_seed(3)
+    start = [torch.randn(24, 40, generator=generator) for _ in range(3)]  # _steps' parameters
+    plain = _steps("float32")
+    for got, want, before in zip(batched, plain, start, strict=True):
+        assert not torch.equal(got, want)  # it did run in another precision
+        assert (got - want).abs().max() < 0.05 * (want - before).abs().max()
+
+
+def test_batched_bf16_newton_schulz_follows_float64_per_slab():
+    """Each slab is normalised by its own norm (in float32, before the cast): a slab 1000x
+    larger comes out as the same orthogonalisation, and both stay within bf16 rounding (~4%
+    of the largest element) of the float64 iteration. A float64 stack stays float64 (the
+    benches' reference)."""
+    generator = torch.Generator().manual_seed(5)
+    grad = torch.randn(2, 16, 48, generator=generator)
+    grad[1] = grad[0] * 1e3
+    out = optim.newton_schulz(grad, NS, 5, 1e-7, torch.bfloat16)
+    assert out.dtype == torch.bfloat16
+    reference = optim.newton_schulz(grad[0].double(), NS, 5, 1e-7, torch.float64)
+    for slab in out:
+        assert (slab.double() - reference).abs().max() < 0.05 * reference.abs().max()
+    assert optim.newton_schulz(grad.double(), NS, 5, 1e-7, torch.float64).dtype == torch.float64
