@@ -700,9 +700,11 @@ class StepResult:
 GRAPH_TRIAL_STEPS = 3  # CUDA-graph trees warm up, record, then replay: a fault shows by step 3
 # The CUDA-graph step's gradients as views of one flat buffer (`FlatGrads`); False keeps one
 # buffer per parameter (`compiling.stable_grads`) and torch's per-tensor clip, for the bench's
-# A/B (`dit_bench --no-flat-grads`). Not yet measured on a GPU; on the CPU, torch's clip over
-# 528 16 x 16 gradients on one thread takes 1.6 ms of host time, the flat one 0.035 ms (the
-# flat_grads module docstring has the command).
+# A/B (`dit_bench --no-flat-grads`). H200, 2B, 240 s, batch 1, graph-replayed steps: no change
+# beyond the rows' spread (LoKR 512 94.98 flat / 91.93 lists, LoRA r64 93.85 / 93.35 ms; twelfth
+# device run), since a replayed graph pays no per-tensor launches; LoKR's synchronised clip
+# phase (`dit_bench --profile`) went 5.6 ms (lists, batch 1) -> 1.06 ms (flat, batch 2). On the CPU, torch's clip over 528 16 x 16 gradients on one thread takes
+# 1.6 ms of host time, the flat one 0.035 ms (the flat_grads module docstring has the command).
 FLAT_GRADS = True
 
 

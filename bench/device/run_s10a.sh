@@ -1,5 +1,6 @@
 #!/bin/bash
-# First call of the next session (issue 6), ~9 min, carry [".device_wheels"]. Session 9 made the
+# Session 10, first call (issue 6; written as next_run.sh in session 9), ~5 min, carry
+# [".device_wheels"]. Session 9 made the
 # CUDA-graph step's gradients views of one flat buffer (`training/flat_grads.py`, `dit.FLAT_GRADS`),
 # so the clip and the zeroing are a few kernels instead of lists of 528 tensors (the clip phase
 # of a batch-1 step took 3.7 ms with LoRA r64 and 5.6 ms with LoKR 512; on the CPU torch's clip
