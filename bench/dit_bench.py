@@ -639,6 +639,9 @@ def main() -> int:
                         p.numel() for _, p in dit.adapters.trainable_parameters(run.transformer)
                     )
                     base["optimizer_split"] = run.optimizer.split_summary()
+                    # "auto" resolved: its meaning moved (tf32 on CUDA until the twelfth run)
+                    muon = getattr(run.optimizer, "muon", None)
+                    base["muon_ns_precision"] = muon.ns_precision if muon is not None else None
                     base["build_s"] = round(time.time() - t0, 1)
                 except Exception as exc:  # one bad group must not stop the others
                     report.add(

@@ -30,9 +30,11 @@ into (0.5, 1.5) anyway, so TF32's 5e-3 is far inside what Muon tolerates.
 "bfloat16_batched", the CUDA default ("auto"), is the bucketed step in bfloat16: the precision of
 torch's Muon and of the Muon reference, at twice TF32's tensor-core rate. LoKR's 512-wide square
 w2 factors carry ~9x the Newton–Schulz arithmetic of LoRA r64's rank-64 ones (0.95 against
-0.106 TFLOP a step), so LoKR's update is where the precision shows. Same bench, session 10:
+0.106 TFLOP a step), so LoKR's update is where the precision shows. Same bench, twelfth device
+run (run_s10b.sh):
 LoKR 512 tf32 8.78 ms -> bfloat16_batched 5.41 ms (1.8e-2 from float64, against torch's own
-bf16 loop's 2.1e-2); LoRA r64 6.39 -> 5.65 ms (2.3e-2).
+bf16 loop's 2.1e-2); LoRA r64 6.39 -> 5.65 ms (2.3e-2). The LM trainers' "auto" is the same;
+their shapes were not measured with it.
 
 Bucketing. LoRA/LoKR adapters give hundreds of small matrices (DiT LoRA r64: 528), and one
 Newton–Schulz per parameter (5 iterations × 3 GEMMs) makes the step launch-bound on a GPU. Same
@@ -102,9 +104,11 @@ def newton_schulz(
             poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)  # b·A + c·A²
             x = torch.addmm(x, poly, x, beta=a)  # a·X + (b·A + c·A²)·X
     else:
-        # Normalised in float32 before any cast: a bf16 norm over a 512 x 1024 slab would add
-        # its own rounding to every element (a float32 input and dtype make both casts no-ops).
-        x = grad.to(torch.promote_types(grad.dtype, torch.float32))
+        # Normalised in `dtype` when it is float32 or wider (as the 2-D path), in float32 (or
+        # the input's wider dtype) before a half-precision cast: a bf16 norm over a 512 x 1024
+        # slab would add its own rounding to every element.
+        wide = dtype.itemsize >= 4
+        x = grad.to(dtype if wide else torch.promote_types(grad.dtype, torch.float32))
         x = x.mT if tall else x
         x = x / torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True).clamp(min=eps)
         x = x.to(dtype)
@@ -253,7 +257,7 @@ class Muon(torch.optim.Muon):
         bucket = [params[i] for i in idx]
         # contiguous: a tall bucket comes back as a transposed view; foreach's fast path (one
         # launch per list, not per tensor) wants each slab laid out like its parameter.
-        slabs = ortho.to(bucket[0].dtype).contiguous().unbind(0)
+        slabs = ortho.to(bucket[0].dtype, memory_format=torch.contiguous_format).unbind(0)
         ratio = lr_ratio(bucket[0].shape, group["adjust_lr_fn"])
         torch._foreach_add_(bucket, list(slabs), alpha=-lr * ratio)
 
