@@ -50,7 +50,7 @@ from hotstep_ray.core.contracts import LATENT_HZ, TrainDitOptions  # noqa: E402
 from hotstep_ray.core.storage import Storage  # noqa: E402
 from hotstep_ray.models import full_configs as fc  # noqa: E402
 from hotstep_ray.models.tiny_dit import tiny_config  # noqa: E402
-from hotstep_ray.training import adapters, dit, dit_data, dit_vram, optim  # noqa: E402
+from hotstep_ray.training import adapters, dit, dit_data, dit_vram, kron_kernels, optim  # noqa: E402
 
 GIB = 1024**3
 CONDITION_TOKENS = 769
@@ -104,6 +104,12 @@ def parse_args() -> argparse.Namespace:
         default=adapters.KRON_FORWARD,
         choices=adapters.KRON_FORWARDS,
         help="LoKR: the factored path beside the base Linear, or one Linear on W + ΔW",
+    )
+    parser.add_argument(
+        "--fused-mix",
+        default=adapters.FUSED_MIX,
+        action=argparse.BooleanOptionalAction,
+        help="LoKR's backward: w1's pair sums and w2's mix in one kernel pass (adapters.FUSED_MIX)",
     )
     parser.add_argument(
         "--flat-grads",
@@ -349,6 +355,8 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
         "est_gib": round(run.fit.estimate.total / GIB, 2),
         "finite": finite,
         "losses": [round(loss, 6) for loss in losses],
+        # which LoKR kernels passed their self-checks in this process (empty for LoRA / CPU)
+        "lokr_kernels": kron_kernels.verdicts(),
     }
     if device.type == "cuda":
         row["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / GIB, 2)
@@ -606,6 +614,7 @@ def main() -> int:
     adapters.KRON_MIX = args.kron_mix  # before any LoKR forward (and before compiling)
     adapters.KRON_FORWARD = args.kron_forward
     dit.FLAT_GRADS = args.flat_grads
+    adapters.FUSED_MIX = args.fused_mix
     # No global TF32 switch: the bench runs the trainer's own precision settings (the product
     # sets none; Muon's Newton-Schulz has its own, --muon-ns-precision).
     started = time.time()

@@ -4,7 +4,9 @@ For the shapes a 2B / XL LoKR 512 step feeds `adapters.w1_grad` (bf16, 3000 and 
 240 s song at batch 1 and 2), one line per shape: the self-check's verdict, the kernel's largest
 difference from a float32 batched GEMM of the same inputs, the median time of each path (CUDA
 events, 50 calls after 5 warm-up calls; the kernel's time is its partials, not their sum) and the bandwidth the kernel reaches (bytes of x and y
-read once per call).
+read once per call). Then the fused kernel that also mixes one side's rows by w1
+(`pair_partials_mix_triton`, side as `adapters._fused_factor_grads` picks it) against the
+kernel plus a separate mix (`mix_reference`, a matmul over the rows), and its self-check.
 
   device:   python bench/kron_kernel_bench.py --out $OUT/kron_kernel.json
 """
@@ -12,6 +14,7 @@ read once per call).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -47,6 +50,16 @@ def timed_ms(fn, x: torch.Tensor, y: torch.Tensor, repeats: int = 50, warmup: in
     return statistics.median(times)
 
 
+def separate(x: torch.Tensor, y: torch.Tensor, m: torch.Tensor, side: int) -> None:
+    """The kernel's partials, then the mix as its own pass."""
+    kron_kernels.pair_partials_triton(x, y)
+    kron_kernels.mix_reference(x if side == 1 else y, m)
+
+
+def fused(x: torch.Tensor, y: torch.Tensor, m: torch.Tensor, side: int) -> None:
+    kron_kernels.pair_partials_mix_triton(x, y, m, side)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("kron_kernel.json"))
@@ -54,12 +67,12 @@ def main() -> int:
     args = parser.parse_args()
     device = torch.device("cuda")
     dtype = torch.bfloat16
-    verdict = kron_kernels.triton_passes(device, dtype)
     rows = []
     for tokens in (int(t) for t in args.tokens.split(",")):
         for name, a, c, n in SHAPES:
             x = torch.randn(tokens, a, n, device=device, dtype=dtype)
             y = torch.randn(tokens, c, n, device=device, dtype=dtype)
+            verdict = kron_kernels.triton_passes(device, dtype, a, c)
             row = {"shape": name, "tokens": tokens, "a": a, "c": c, "n": n, "self_check": verdict}
             row["bmm_ms"] = round(timed_ms(kron_kernels.pair_sums_bmm, x, y), 4)
             try:
@@ -70,6 +83,14 @@ def main() -> int:
                 row["triton_ms"] = round(timed_ms(kron_kernels.pair_partials_triton, x, y), 4)
                 moved = (x.numel() + y.numel()) * x.element_size()
                 row["triton_gb_s"] = round(moved / row["triton_ms"] / 1e6, 1)
+                side = 2 if a < c else 1
+                m = torch.randn((a, c) if side == 2 else (c, a), device=device, dtype=dtype)
+                row["mix_side"] = side
+                row["mix_self_check"] = kron_kernels.triton_mix_passes(device, dtype, a, c, side)
+
+                split = functools.partial(separate, m=m, side=side)
+                row["separate_ms"] = round(timed_ms(split, x, y), 4)
+                row["fused_ms"] = round(timed_ms(functools.partial(fused, m=m, side=side), x, y), 4)
             except Exception as exc:  # the bmm row stands without it
                 row["error"] = repr(exc)[:400]
             print(json.dumps(row), flush=True)

@@ -29,6 +29,7 @@ Importing this module needs no Triton and no GPU; the kernel is built at its fir
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -138,12 +139,16 @@ def _kernel():
         x_ptr,
         y_ptr,
         out_ptr,
+        m_ptr,
+        mix_ptr,
         tokens,
         cols,
         sx_t,
         sx_i,
         sy_t,
         sy_k,
+        sm_t,
+        sm_o,
         A: tl.constexpr,
         C: tl.constexpr,
         AP: tl.constexpr,
@@ -151,6 +156,11 @@ def _kernel():
         BT: tl.constexpr,
         BN: tl.constexpr,
         SPAN: tl.constexpr,
+        MIX: tl.constexpr,  # 0: partials only; 1: also mix x's rows by m; 2: y's
+        RO: tl.constexpr,  # the mix's output rows (m is [RO, RI], contiguous)
+        RI: tl.constexpr,
+        OP: tl.constexpr,  # RO and RI padded as the side they come from
+        IP: tl.constexpr,
     ):
         block = tl.program_id(0)
         span = tl.program_id(1)
@@ -165,6 +175,22 @@ def _kernel():
         start_a = ta.to(tl.int64) * sx_t + ia.to(tl.int64) * sx_i
         start_c = tc.to(tl.int64) * sy_t + kc.to(tl.int64) * sy_k
         acc = tl.zeros((BT * AP, BT * CP), dtype=tl.float32)
+        if MIX != 0:
+            # The mix as one tensor-core product per step: a block-diagonal [BT·OP, BT·IP]
+            # matrix holding m once per token of the block, times the tile already loaded.
+            ro = tl.arange(0, BT * OP)
+            ri = tl.arange(0, BT * IP)
+            to = block * BT + ro // OP
+            oo = ro % OP
+            rr = ri % IP
+            live_o = (to < tokens) & (oo < RO)
+            start_o = to.to(tl.int64) * sm_t + oo.to(tl.int64) * sm_o
+            diagonal = (ro // OP)[:, None] == (ri // IP)[None, :]
+            blockdiag = tl.load(
+                m_ptr + oo[:, None] * RI + rr[None, :],
+                mask=diagonal & (oo < RO)[:, None] & (rr < RI)[None, :],
+                other=0.0,
+            )
         for n0 in range(0, SPAN, BN):
             n = span * SPAN + n0 + tl.arange(0, BN)
             in_n = n < cols
@@ -179,6 +205,17 @@ def _kernel():
                 other=0.0,
             )
             acc = tl.dot(xa, tl.trans(yc), acc)
+            if MIX != 0:
+                if MIX == 1:
+                    source = xa
+                else:
+                    source = yc
+                mixed = tl.dot(blockdiag, source)  # [BT·OP, BN] float32
+                tl.store(
+                    mix_ptr + start_o[:, None] + n[None, :],
+                    mixed.to(mix_ptr.dtype.element_ty),
+                    mask=live_o[:, None] & in_n[None, :],
+                )
         same = (ra[:, None] // AP) == (rc[None, :] // CP)
         acc = tl.where(same, acc, 0.0)
         part = tl.sum(tl.sum(tl.reshape(acc, (BT, AP, BT, CP)), axis=2), axis=0)  # [AP, CP]
@@ -198,6 +235,24 @@ def _kernel():
 def pair_partials_triton(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """`pair_sums_kernel`'s partials, `[programs, a, c]` float32 (CUDA, bf16/fp16); their sum is
     `pair_sums_bmm`'s result."""
+    return _launch(x, y, None, 0)[0]
+
+
+def pair_partials_mix_triton(
+    x: torch.Tensor, y: torch.Tensor, m: torch.Tensor, side: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The partials and, from the same pass over the operands, `mix_reference(x, m)` (side 1,
+    m `[c, a]`) or `mix_reference(y, m)` (side 2, m `[a, c]`) in the operands' dtype."""
+    if side not in (1, 2):
+        raise ValueError(f"side must be 1 (mix x) or 2 (mix y), not {side}")
+    partials, mixed = _launch(x, y, m, side)
+    assert mixed is not None
+    return partials, mixed
+
+
+def _launch(
+    x: torch.Tensor, y: torch.Tensor, m: torch.Tensor | None, side: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     kernel = _kernel()
     if kernel is None:
         raise RuntimeError("pair_partials_triton needs Triton")
@@ -209,16 +264,33 @@ def pair_partials_triton(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     c = y.shape[1]
     a_pad, c_pad, bt, blocks, spans = blocking(x, y)
     partials = torch.empty(blocks * spans, a, c, dtype=torch.float32, device=x.device)
+    mixed = None
+    rows_out, rows_in, pad_out, pad_in = 1, 1, 1, 1
+    if m is not None:
+        source = x if side == 1 else y
+        rows_out, rows_in = m.shape
+        pad_out, pad_in = (c_pad, a_pad) if side == 1 else (a_pad, c_pad)
+        if rows_in != source.shape[1] or rows_out > pad_out:
+            raise ValueError(
+                f"a mix {tuple(m.shape)} does not fit x {tuple(x.shape)}, y "
+                f"{tuple(y.shape)} on side {side}"
+            )
+        m = m.to(x.dtype).contiguous()
+        mixed = torch.empty(tokens, rows_out, n, dtype=x.dtype, device=x.device)
     kernel[(blocks, spans)](
         x,
         y,
         partials,
+        m if m is not None else x,
+        mixed if mixed is not None else partials,
         tokens,
         n,
         x.stride(0),
         x.stride(1),
         y.stride(0),
         y.stride(1),
+        mixed.stride(0) if mixed is not None else 0,
+        mixed.stride(1) if mixed is not None else 0,
         A=a,
         C=c,
         AP=a_pad,
@@ -226,14 +298,28 @@ def pair_partials_triton(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         BT=bt,
         BN=COLUMNS_PER_STEP,
         SPAN=COLUMNS_PER_PROGRAM,
+        MIX=side,
+        RO=rows_out,
+        RI=rows_in,
+        OP=pad_out,
+        IP=pad_in,
         num_warps=4,
         num_stages=3,
     )
-    return partials
+    return partials, mixed
 
 
-# self-check results per (device, dtype, a, c)
+def mix_reference(source: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """`[tokens, r_out, n]`: Σ_r m[o, r] · source[t, r, :] for m `[r_out, r_in]` and source
+    `[tokens, r_in, n]`, accumulated in float32 (float64 stays float64) and returned in source's
+    dtype: the kernel's mix, and the fused op's fallback."""
+    wide = torch.promote_types(source.dtype, torch.float32)
+    return torch.matmul(m.to(wide), source.to(wide)).to(source.dtype)
+
+
+# self-check results per (device, dtype, a, c), and of the fused mix per (..., side)
 _VERDICTS: dict[tuple[torch.device, torch.dtype, int, int], bool] = {}
+_MIX_VERDICTS: dict[tuple[torch.device, torch.dtype, int, int, int], bool] = {}
 
 
 def triton_passes(device: torch.device, dtype: torch.dtype, a: int, c: int) -> bool:
@@ -243,25 +329,40 @@ def triton_passes(device: torch.device, dtype: torch.dtype, a: int, c: int) -> b
     GEMM for that pair. Inside a CUDA-graph capture the check cannot run (it synchronises): an
     unchecked pair then reads False for that call, and is checked at its next call outside."""
     key = (torch.device(device), dtype, a, c)
-    if key in _VERDICTS:
-        return _VERDICTS[key]
+    return _checked(_VERDICTS, key, lambda: _self_check(key[0], dtype, a, c))
+
+
+def triton_mix_passes(device: torch.device, dtype: torch.dtype, a: int, c: int, side: int) -> bool:
+    """`triton_passes` for the kernel that also mixes one side's rows (side 1: x's, 2: y's):
+    its partials and its mix both checked, once per (device, dtype, a, c, side)."""
+    key = (torch.device(device), dtype, a, c, side)
+    return _checked(_MIX_VERDICTS, key, lambda: _self_check(key[0], dtype, a, c, side))
+
+
+def _checked(cache: dict, key: tuple, check: Callable[[], bool]) -> bool:
+    if key in cache:
+        return cache[key]
     if _kernel() is None:
-        _VERDICTS[key] = False
+        cache[key] = False
         return False
     if device_capturing():
         return False
-    _VERDICTS[key] = _self_check(key[0], dtype, a, c)
-    return _VERDICTS[key]
+    cache[key] = check()
+    return cache[key]
 
 
 def verdicts() -> dict[str, bool]:
     """The self-checks run so far in this process, `"<device> <dtype> <a>x<c>": passed`, for a
     run's log: which LoKR w1 gradients took the kernel. Empty where only the batched GEMM ran
     (off CUDA, float32)."""
-    return {
+    named = {
         f"{device} {str(dtype).removeprefix('torch.')} {a}x{c}": passed
         for (device, dtype, a, c), passed in sorted(_VERDICTS.items(), key=str)
     }
+    for (device, dtype, a, c, side), passed in sorted(_MIX_VERDICTS.items(), key=str):
+        mixed = "x" if side == 1 else "y"
+        named[f"{device} {str(dtype).removeprefix('torch.')} {a}x{c} mix {mixed}"] = passed
+    return named
 
 
 def device_capturing() -> bool:
@@ -269,31 +370,47 @@ def device_capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def _self_check(device: torch.device, dtype: torch.dtype, a: int, c: int) -> bool:
+def _self_check(device: torch.device, dtype: torch.dtype, a: int, c: int, side: int = 0) -> bool:
     """The kernel's partials against `pair_partials_blocked`'s in float64, partial by partial (a
     sum would not see a partial stored in the wrong place): a token count that leaves the last
-    block short, a column count that leaves the last span and step short, and a tiny case."""
+    block short, a column count that leaves the last span and step short, and a tiny case. With
+    a mix (`side` 1 or 2), its output against `mix_reference` in float64 too."""
     try:
         g = torch.Generator(device=device).manual_seed(0)
         for tokens, n in ((1003, 512), (77, COLUMNS_PER_PROGRAM + 100), (5, 96)):
             x = torch.randn(tokens, a, n, device=device, dtype=dtype, generator=g)
             y = torch.randn(tokens, c, n, device=device, dtype=dtype, generator=g)
             want = pair_partials_blocked(x.double(), y.double())
-            got = pair_partials_triton(x, y)
+            mix_ok = True
+            if side:
+                shape = (c, a) if side == 1 else (a, c)
+                m = torch.randn(shape, device=device, dtype=dtype, generator=g)
+                got, mixed = pair_partials_mix_triton(x, y, m, side)
+                want_mix = mix_reference((x if side == 1 else y).double(), m.double())
+                # float32 sums of exact products, rounded once to the operands' dtype
+                mix_ok = mixed.shape == want_mix.shape and torch.allclose(
+                    mixed.double(), want_mix, rtol=1e-2, atol=1e-2
+                )
+            else:
+                got = pair_partials_triton(x, y)
             # the same half-precision inputs, products exact in float32: only the order and
             # float32 rounding of at most BT · span additions per partial differ
-            if got.shape != want.shape or not torch.allclose(
-                got.double(), want, rtol=1e-4, atol=1e-3
+            if (
+                not mix_ok
+                or got.shape != want.shape
+                or not torch.allclose(got.double(), want, rtol=1e-4, atol=1e-3)
             ):
                 worst = (got.double() - want).abs().max().item() if got.shape == want.shape else -1
                 log.warning(
-                    "LoKR w1-gradient kernel for a=%d c=%d disagrees with its torch twin on %s "
-                    "%s (max |diff| %.3g); using the batched GEMM",
+                    "LoKR w1-gradient kernel for a=%d c=%d (mix side %d) disagrees with its torch "
+                    "twin on %s %s (partials' max |diff| %.3g, mix %s); using the torch path",
                     a,
                     c,
+                    side,
                     device,
                     dtype,
                     worst,
+                    "ok" if mix_ok else "wrong",
                 )
                 return False
     except Exception as exc:  # a Triton or driver failure: keep the torch path
@@ -347,3 +464,36 @@ def pair_partials(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 @pair_partials.register_fake
 def _pair_partials_shape(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return x.new_empty(partials_shape(x, y), dtype=torch.float32)
+
+
+@torch.library.custom_op("hotstep::kron_pair_partials_mix", mutates_args=())
+def pair_partials_mix(
+    x: torch.Tensor, y: torch.Tensor, m: torch.Tensor, side: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`pair_partials(x, y)` and, from the same pass, one side's rows mixed by the small m:
+    side 1 `mix_reference(x, m)` (m `[c, a]`), side 2 `mix_reference(y, m)` (m `[a, c]`). LoKR's
+    backward needs both from the same operand (`adapters.MergedKron`): reading it once instead of
+    twice saves one pass over an activation-sized tensor per adapted Linear. Kernel where it
+    applies and passed its self-check for (device, dtype, a, c, side), else torch, in the same
+    shapes."""
+    if side not in (1, 2):
+        raise ValueError(f"side must be 1 (mix x) or 2 (mix y), not {side}")
+    a, c = x.shape[1], y.shape[1]
+    if kernel_applies(x, y) and triton_mix_passes(x.device, x.dtype, a, c, side):
+        try:
+            return pair_partials_mix_triton(x, y, m, side)
+        except Exception as exc:
+            log.warning(
+                "LoKR w1-gradient kernel with mix failed for a=%d c=%d (%r); torch", a, c, exc
+            )
+            _MIX_VERDICTS[(x.device, x.dtype, a, c, side)] = False
+    return partials_bmm(x, y), mix_reference(x if side == 1 else y, m)
+
+
+@pair_partials_mix.register_fake
+def _pair_partials_mix_shape(
+    x: torch.Tensor, y: torch.Tensor, m: torch.Tensor, side: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    source = x if side == 1 else y
+    partials = x.new_empty(partials_shape(x, y), dtype=torch.float32)
+    return partials, source.new_empty(source.shape[0], m.shape[0], source.shape[2])

@@ -4,6 +4,12 @@ The kernel itself runs only on CUDA; there it is compared with the batched GEMM 
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -235,3 +241,126 @@ def test_cuda_kernel_partials_equal_the_torch_twin(a: int, c: int) -> None:
         want = kron_kernels.pair_partials_blocked(x.double(), y.double())
         torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-3)
         torch.library.opcheck(kron_kernels.pair_partials, (x, y))
+
+
+# ------------------------------------------------------------------ the fused pair sums + mix
+
+
+def test_mix_reference_mixes_one_sides_rows() -> None:
+    g = torch.Generator().manual_seed(3)
+    source = torch.randn(7, 4, 10, generator=g, dtype=torch.float64)
+    m = torch.randn(6, 4, generator=g, dtype=torch.float64)
+    want = torch.einsum("or,trn->ton", m, source)
+    torch.testing.assert_close(kron_kernels.mix_reference(source, m), want)
+    half = kron_kernels.mix_reference(source.to(torch.bfloat16), m.to(torch.bfloat16))
+    assert half.dtype == torch.bfloat16 and half.shape == (7, 6, 10)
+
+
+@pytest.mark.parametrize("side", [1, 2])
+def test_fused_op_falls_back_to_torch_in_the_kernels_shapes(side: int) -> None:
+    """Off CUDA the op is `partials_bmm` and `mix_reference`; its fake gives the same shapes,
+    and a compiled caller traces through it in one graph."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(12, 4, 32, generator=g)
+    y = torch.randn(12, 6, 32, generator=g)
+    m = torch.randn((6, 4) if side == 1 else (4, 6), generator=g)
+    partials, mixed = kron_kernels.pair_partials_mix(x, y, m, side)
+    torch.testing.assert_close(partials, kron_kernels.partials_bmm(x, y))
+    torch.testing.assert_close(mixed, kron_kernels.mix_reference(x if side == 1 else y, m))
+    torch.library.opcheck(kron_kernels.pair_partials_mix, (x, y, m, side))
+    compiled = torch.compile(
+        lambda p, q, w: [t.sum() for t in kron_kernels.pair_partials_mix(p, q, w, side)],
+        backend="aot_eager",
+        fullgraph=True,
+    )
+    got = compiled(x, y, m)
+    torch.testing.assert_close(got[0], partials.sum())
+    torch.testing.assert_close(got[1], mixed.sum())
+    with pytest.raises(ValueError, match="side"):
+        kron_kernels.pair_partials_mix(x, y, m, 0)
+
+
+def test_the_mix_self_check_fails_a_wrong_mix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel whose partials are right but whose mix is not (here: m transposed) fails its
+    check for that side; the right mix passes; verdicts name the mixed side."""
+    wrong: list[bool] = [True]
+
+    def launch(x, y, m, side):
+        source = x if side == 1 else y
+        partials = kron_kernels.pair_partials_blocked(x.float(), y.float())
+        mixed = kron_kernels.mix_reference(source, m.flip(0) if wrong[0] else m)
+        return partials, mixed
+
+    monkeypatch.setattr(kron_kernels, "_KERNEL_CACHE", {"kernel": object()})
+    monkeypatch.setattr(kron_kernels, "_VERDICTS", {})
+    monkeypatch.setattr(kron_kernels, "_MIX_VERDICTS", {})
+    monkeypatch.setattr(kron_kernels, "pair_partials_mix_triton", launch)
+    cpu = torch.device("cpu")
+    assert not kron_kernels.triton_mix_passes(cpu, torch.bfloat16, 4, 4, 1)
+    wrong[0] = False
+    assert kron_kernels.triton_mix_passes(cpu, torch.bfloat16, 6, 4, 1)
+    assert kron_kernels.triton_mix_passes(cpu, torch.bfloat16, 4, 6, 2)
+    assert kron_kernels.verdicts() == {
+        "cpu bfloat16 4x4 mix x": False,
+        "cpu bfloat16 4x6 mix y": True,
+        "cpu bfloat16 6x4 mix x": True,
+    }
+
+
+_INTERPRETED = """
+import json, sys, torch
+from hotstep_ray.training import kron_kernels as kk
+worst = {}
+for a, c, tokens, n in [(4, 4, 77, 300), (6, 4, 40, 100), (4, 6, 33, 70), (3, 5, 5, 96),
+                        (1, 2, 50, 64), (8, 8, 17, 130)]:
+    g = torch.Generator().manual_seed(a * 10 + c)
+    x = torch.randn(tokens, a, n, generator=g)
+    y = torch.randn(tokens, c, n, generator=g)
+    want = kk.pair_partials_blocked(x.double(), y.double())
+    got = kk.pair_partials_triton(x, y)
+    errors = [(got.double() - want).abs().max().item()]
+    for side, shape in ((1, (c, a)), (2, (a, c))):
+        m = torch.randn(shape, generator=g)
+        partials, mixed = kk.pair_partials_mix_triton(x, y, m, side)
+        ref = kk.mix_reference((x if side == 1 else y).double(), m.double())
+        errors += [(partials.double() - want).abs().max().item(),
+                   (mixed.double() - ref).abs().max().item() if mixed.shape == ref.shape else 1e9]
+    worst[f"{a}x{c}"] = max(errors)
+print(json.dumps(worst))
+"""
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="Triton is not installed (CPU CI)"
+)
+def test_the_triton_kernels_in_the_interpreter_equal_their_torch_twins() -> None:
+    """Where Triton is installed without a GPU: the real kernels (partials alone, and with each
+    side's mix) run under TRITON_INTERPRET=1 in float32 (the interpreter's bf16 is not
+    faithful) and match the torch twins. The variable must be set before Triton is imported,
+    hence a process of its own."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERPRETED], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    worst = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(worst) == 6 and max(worst.values()) < 1e-3, worst
+
+
+@pytest.mark.skipif(not _triton_on_cuda(), reason="the kernel runs on CUDA with Triton only")
+@pytest.mark.parametrize(("a", "c"), [(4, 4), (6, 4), (4, 6), (5, 5), (1, 2), (8, 8)])
+@pytest.mark.parametrize("side", [1, 2])
+def test_cuda_fused_mix_equals_the_torch_twins(a: int, c: int, side: int) -> None:
+    """On a GPU machine: the fused kernel's partials and mix in bf16 against the torch twins,
+    and opcheck of the op."""
+    g = torch.Generator(device="cuda").manual_seed(a * 10 + c + side)
+    x = torch.randn(1003, a, 512, device="cuda", dtype=torch.bfloat16, generator=g)
+    y = torch.randn(1003, c, 512, device="cuda", dtype=torch.bfloat16, generator=g)
+    shape = (c, a) if side == 1 else (a, c)
+    m = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g)
+    partials, mixed = kron_kernels.pair_partials_mix_triton(x, y, m, side)
+    want = kron_kernels.pair_partials_blocked(x.double(), y.double())
+    torch.testing.assert_close(partials.double(), want, rtol=1e-4, atol=1e-3)
+    ref = kron_kernels.mix_reference((x if side == 1 else y).double(), m.double())
+    torch.testing.assert_close(mixed.double(), ref, rtol=1e-2, atol=1e-2)
+    torch.library.opcheck(kron_kernels.pair_partials_mix, (x, y, m, side))

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hotstep_ray.training import adapters
+from hotstep_ray.training import adapters, kron_kernels
 from hotstep_ray.training.adapters import AdapterSpec
 
 LOKR = AdapterSpec(kind="lokr", rank=8, alpha=4, factor=4)  # full and low-rank w2, as test_adapters
@@ -218,3 +218,47 @@ def test_few_tokens_keep_the_factored_path(monkeypatch, merged_calls, make_toy, 
         assert (len(calls) > 0) == merged, tokens
         assert all(x.shape[:2] == (1, tokens) for x in calls)  # context-side Linears: 5 rows
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("w1_shape", [(5, 4), (3, 4), (4, 4)])  # a > c, a < c, a == c
+def test_fused_pair_sums_and_mix_give_the_same_factor_grads(monkeypatch, w1_shape):
+    """Where the backward takes `kron_kernels.pair_partials_mix` (one pass for w1's pair sums
+    and w2's mix; CUDA only, forced here onto its torch fallback): the same w1 and w2 gradients
+    as the factored path, mixing dy's rows when a >= c and x's when a < c."""
+    sides = []
+    real = kron_kernels.pair_partials_mix
+
+    def spy(x, y, m, side):
+        sides.append(side)
+        return real(x, y, m, side)
+
+    monkeypatch.setattr(adapters, "fuses_mix", lambda rows, cols: True)
+    monkeypatch.setattr(kron_kernels, "pair_partials_mix", spy)
+    generator = torch.Generator().manual_seed(6)
+    a, c = w1_shape
+    b, d = 3, 6
+    x, w1, w2 = _leaf(generator, 2, 7, c * d), _leaf(generator, a, c), _leaf(generator, b, d)
+    weight = torch.randn(a * b, c * d, generator=generator, dtype=torch.float64)
+    upstream = torch.randn(2, 7, a * b, generator=generator, dtype=torch.float64)
+    merged = adapters.MergedKron.apply(x, weight, None, w1, w2, 0.7)
+    got = torch.autograd.grad((merged * upstream).sum(), [x, w1, w2])
+    factored = F.linear(x, weight) + adapters.kron_linear(x, w1, w2, 0.7)
+    want = torch.autograd.grad((factored * upstream).sum(), [x, w1, w2])
+    assert sides == [2 if a < c else 1]
+    for name, g_got, g_want in zip(("x", "w1", "w2"), got, want, strict=True):
+        # the op's partials are float32 whatever the input (its schema): w1 to float32 rounding
+        tol = 1e-6 if name == "w1" else 1e-12
+        torch.testing.assert_close(g_got, g_want, rtol=tol, atol=tol, msg=name)
+    # only w2 trained (w1 frozen): the unfused path, no pair sums
+    sides.clear()
+    w1_frozen = w1.detach()
+    merged = adapters.MergedKron.apply(x, weight, None, w1_frozen, w2, 0.7)
+    torch.autograd.grad((merged * upstream).sum(), [w2])
+    assert sides == []
+
+
+def test_the_fused_backward_is_for_cuda_half_precision_only():
+    rows = torch.randn(5, 4, 8, dtype=torch.bfloat16)
+    assert not adapters.fuses_mix(rows, rows)  # CPU
+    meta = torch.empty(5, 4, 8, dtype=torch.bfloat16, device="meta")
+    assert not adapters.fuses_mix(meta, meta)
