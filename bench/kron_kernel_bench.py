@@ -6,7 +6,8 @@ difference from a float32 batched GEMM of the same inputs, the median time of ea
 events, 50 calls after 5 warm-up calls; the kernel's time is its partials, not their sum) and the bandwidth the kernel reaches (bytes of x and y
 read once per call). Then the fused kernel that also mixes one side's rows by w1
 (`pair_partials_mix_triton`, side as `adapters._fused_factor_grads` picks it) against the
-kernel plus a separate mix (`mix_reference`, a matmul over the rows), and its self-check.
+kernel plus a separate mix (compiled `adapters.mix_rows`, the step's mix), and its
+self-check. Each row is written as it finishes.
 
   device:   python bench/kron_kernel_bench.py --out $OUT/kron_kernel.json
 """
@@ -24,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from the checkout
 
-from hotstep_ray.training import kron_kernels  # noqa: E402
+from hotstep_ray.training import adapters, kron_kernels  # noqa: E402
 
 # (name, a, c, n): x [tokens, a, n], y [tokens, c, n] as `MergedKron.backward` passes them
 SHAPES = (
@@ -50,10 +51,13 @@ def timed_ms(fn, x: torch.Tensor, y: torch.Tensor, repeats: int = 50, warmup: in
     return statistics.median(times)
 
 
+_COMPILED_MIX = torch.compile(adapters.mix_rows)  # the trainer's mix, Inductor-fused
+
+
 def separate(x: torch.Tensor, y: torch.Tensor, m: torch.Tensor, side: int) -> None:
-    """The kernel's partials, then the mix as its own pass."""
+    """The kernel's partials, then the mix as its own pass (compiled `mix_rows`, as in the step)."""
     kron_kernels.pair_partials_triton(x, y)
-    kron_kernels.mix_reference(x if side == 1 else y, m)
+    _COMPILED_MIX(x if side == 1 else y, m)
 
 
 def fused(x: torch.Tensor, y: torch.Tensor, m: torch.Tensor, side: int) -> None:
@@ -95,6 +99,7 @@ def main() -> int:
                 row["error"] = repr(exc)[:400]
             print(json.dumps(row), flush=True)
             rows.append(row)
+            args.out.write_text(json.dumps({"rows": rows}, indent=1))
     args.out.write_text(json.dumps({"rows": rows}, indent=1))
     return 0
 

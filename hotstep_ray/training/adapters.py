@@ -234,9 +234,10 @@ KRON_MERGED_MIN_TOKENS = 1024
 # Whether `MergedKron`'s backward takes w1's pair sums and w2's mix from one kernel pass
 # (`kron_kernels.pair_partials_mix`), saving a read of one activation-sized operand per adapted
 # Linear: ~7.7 GB per 2B batch-2 step at 6000 frames, ~2 ms at the H200's bandwidth (arithmetic:
-# dy of the six 2048-wide attention projections and of gate/up, x of down, 24 blocks). Not yet
-# measured on a GPU; False runs the torch mix (the twelfth run's path) for the A/B.
-FUSED_MIX = True
+# dy of the six 2048-wide attention projections and of gate/up, x of down, 24 blocks). Off until
+# measured on a GPU (checked only in Triton's CPU interpreter so far): True, or `dit_bench
+# --fused-mix`, for the A/B against the torch mix (the twelfth run's path).
+FUSED_MIX = False
 
 
 def kron_merges(rows: int) -> bool:

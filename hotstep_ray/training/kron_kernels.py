@@ -23,6 +23,16 @@ a self-check compares the kernel's partials with it, one by one, before the firs
 (a, c) (each pair is a kernel compiled of its own). On a mismatch or a failed launch the op
 falls back to the batched GEMM, in the same partials' shape.
 
+The same pass can also mix one operand's rows by a small matrix (`MIX`; the op
+`hotstep::kron_pair_partials_mix`): LoKR's backward needs w1's pair sums and w2's w1-mix of the
+same operand (dy's rows or x's, `adapters.MergedKron`), and reading it once instead of twice saves
+an activation-sized pass per adapted Linear. Per step of BN columns the mix is one more
+tensor-core product, a block-diagonal `[BT·OP, BT·IP]` matrix (m once per token of the block)
+times the tile already loaded, stored in the operands' dtype. Its register budget: that matrix
+(≤ 64 × 64 bf16 at the 2B's shapes) and a `[BT·OP, BN]` float32 product beside the accumulator.
+Checked per (device, dtype, a, c, side), partials and mix; `adapters.FUSED_MIX` keeps it off
+until measured on a GPU (so far it ran in Triton's CPU interpreter, float32).
+
 Importing this module needs no Triton and no GPU; the kernel is built at its first use.
 """
 
@@ -314,6 +324,7 @@ def mix_reference(source: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     `[tokens, r_in, n]`, accumulated in float32 (float64 stays float64) and returned in source's
     dtype: the kernel's mix, and the fused op's fallback."""
     wide = torch.promote_types(source.dtype, torch.float32)
+    m = m.to(source.dtype)  # rounded as the kernel rounds it
     return torch.matmul(m.to(wide), source.to(wide)).to(source.dtype)
 
 
@@ -487,7 +498,10 @@ def pair_partials_mix(
                 "LoKR w1-gradient kernel with mix failed for a=%d c=%d (%r); torch", a, c, exc
             )
             _MIX_VERDICTS[(x.device, x.dtype, a, c, side)] = False
-    return partials_bmm(x, y), mix_reference(x if side == 1 else y, m)
+    # the unfused work: the partials op (its own kernel where that passed) and the mix as one
+    # GEMM in the operand's dtype (no float32 copy of an activation-sized tensor)
+    source = x if side == 1 else y
+    return pair_partials(x, y), torch.matmul(m.to(source.dtype), source)
 
 
 @pair_partials_mix.register_fake
