@@ -50,7 +50,15 @@ from hotstep_ray.core.contracts import LATENT_HZ, TrainDitOptions  # noqa: E402
 from hotstep_ray.core.storage import Storage  # noqa: E402
 from hotstep_ray.models import full_configs as fc  # noqa: E402
 from hotstep_ray.models.tiny_dit import tiny_config  # noqa: E402
-from hotstep_ray.training import adapters, dit, dit_data, dit_vram, kron_kernels, optim  # noqa: E402
+from hotstep_ray.training import (  # noqa: E402
+    adapters,
+    dit,
+    dit_data,
+    dit_vram,
+    flat_grads,
+    kron_kernels,
+    optim,
+)
 
 GIB = 1024**3
 CONDITION_TOKENS = 769
@@ -401,7 +409,7 @@ def _random_update(run: dit.DitRun) -> Any:
             param.grad.normal_().mul_(1e-3)
 
     def update() -> None:
-        dit.clip_grads(run, 1.0, dit.live_flats(run))
+        flat_grads.clip_grads(run.params, 1.0, dit.live_flats(run))
         run.optimizer.step()
 
     update()  # warm (lazy state)
@@ -446,7 +454,7 @@ def profile_optimizer(run: dit.DitRun) -> dict[str, Any]:
 
     wall_ms = update_ms(run, repeats=1)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        dit.clip_grads(run, 1.0, dit.live_flats(run))
+        flat_grads.clip_grads(run.params, 1.0, dit.live_flats(run))
         run.optimizer.step()
         synchronize(run.device)
     run.optimizer.zero_grad(set_to_none=False)  # the next profiled step starts from zero
@@ -493,14 +501,11 @@ def phase_times(run: dit.DitRun, repeats: int = 3) -> dict[str, Any]:
         t = mark("assemble_copy_forward", t)
         out.loss.backward()
         t = mark("backward", t)
-        dit.clip_grads(run, 1.0, dit.live_flats(run))
+        flat_grads.clip_grads(run.params, 1.0, dit.live_flats(run))
         t = mark("clip", t)
         run.optimizer.step()
-        flats = dit.live_flats(run) if graphs else None
-        if flats is not None:  # as the trainer's step ends
-            flats.zero_()
-        else:
-            run.optimizer.zero_grad(set_to_none=not graphs)
+        flats = dit.live_flats(run) if graphs else None  # as the trainer's step ends
+        flat_grads.zero_grads(run.optimizer, flats, set_to_none=not graphs)
         mark("optimizer", t)
         del batch
     return {name: round(statistics.median(ms), 2) for name, ms in phases.items()}

@@ -5,7 +5,7 @@ For the shapes a 2B / XL LoKR 512 step feeds `adapters.w1_grad` (bf16, 3000 and 
 difference from a float32 batched GEMM of the same inputs, the median time of each path (CUDA
 events, 50 calls after 5 warm-up calls; the kernel's time is its partials, not their sum) and the bandwidth the kernel reaches (bytes of x and y
 read once per call). Then the fused kernel that also mixes one side's rows by w1
-(`pair_partials_mix_triton`, side as `adapters._fused_factor_grads` picks it) against the
+(`pair_partials_mix_triton`, side as `adapters.MergedKron` picks it) against the
 kernel plus a separate mix (compiled `adapters.mix_rows`, the step's mix), and its
 self-check. Each row is written as it finishes.
 

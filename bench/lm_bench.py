@@ -51,8 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, f
 import torch  # noqa: E402
 from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
-from hotstep_ray.training import compiling, lm, lm_data, lm_loss, lm_vram  # noqa: E402
-from hotstep_ray.training.flat_grads import FlatGrads  # noqa: E402
+from hotstep_ray.training import compiling, flat_grads, lm, lm_data, lm_loss, lm_vram  # noqa: E402
 from hotstep_ray.training.optim import build_optimizer  # noqa: E402
 
 PEAK_FLOPS = 989e12  # H200 SXM dense bf16
@@ -228,7 +227,7 @@ def run_config(
     optimizer = build_optimizer(trainable, kind=optimizer_kind, lr=1e-5)
     # as `lm.setup_lm`: with CUDA graphs, gradients outside the graph pool as views of one flat
     # buffer, clipped and zeroed as one (`FlatGrads`)
-    flats = FlatGrads(params) if mode == "reduce-overhead" else None
+    flats = flat_grads.FlatGrads(params) if mode == "reduce-overhead" else None
     batch = batch.to(device)
 
     def step(batch: lm_data.MicroBatch = batch) -> None:
@@ -237,14 +236,9 @@ def run_config(
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             loss = lm_loss.batch_loss(module, batch)
         loss.backward()
-        if flats is not None:
-            flats.clip_(1.0)
-            optimizer.step()
-            flats.zero_()
-        else:
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        flat_grads.clip_grads(params, 1.0, flats)
+        optimizer.step()
+        flat_grads.zero_grads(optimizer, flats, set_to_none=True)
 
     compile_info: dict[str, Any] = {}
     try:

@@ -345,61 +345,40 @@ class MergedKron(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             dbias = dy.reshape(-1, a * b).sum(0)
         rows, cols = dy.reshape(-1, a, b), x.reshape(-1, c, d)
-        if ctx.needs_input_grad[3] and ctx.needs_input_grad[4]:
-            fused = _fused_factor_grads(rows, cols, w1, w2)
-            if fused is not None:
-                dw1, dw2 = fused
-                return dx, None, dbias, (dw1 * scale).to(w1.dtype), dw2 * scale, None
-        if ctx.needs_input_grad[4]:  # the w1 mix on the side with fewer row blocks
-            if a < c:  # Σ_t dy_tᵀ (w1 x_t): [b, tokens·a] @ [tokens·a, d]
-                mixed = _mix(cols, w1)  # [tokens, a, d]
-                dw2 = (rows.reshape(-1, b).t() @ mixed.reshape(-1, d)) * scale
-            else:  # Σ_t (w1ᵀ dy_t)ᵀ x_t: [b, tokens·c] @ [tokens·c, d]
-                mixed = _mix(rows, w1.t())  # [tokens, c, b]
-                dw2 = (mixed.reshape(-1, b).t() @ cols.reshape(-1, d)) * scale
-        if ctx.needs_input_grad[3]:
-            if a < c:  # (dy_i w2) · x_j: the GEMM on a row blocks
-                dw1 = w1_grad(rows @ w2, cols, a, c)
-            else:  # dy_i · (x_j w2ᵀ): on c row blocks
-                dw1 = w1_grad(rows, cols @ w2.t(), a, c)
+        need_w1, need_w2 = ctx.needs_input_grad[3], ctx.needs_input_grad[4]
+        # The w1 mix goes on the side with fewer row blocks, and w1's pair sums use the GEMM
+        # with w2 on the a-row side when a < c:
+        #   a < c:  dw2 = Σ_t dy_tᵀ (w1 x_t)    [b, tokens·a] @ [tokens·a, d], mix x by w1;
+        #           dw1 = pair sums of (dy_i w2, x_j)
+        #   a >= c: dw2 = Σ_t (w1ᵀ dy_t)ᵀ x_t  [b, tokens·c] @ [tokens·c, d], mix dy by w1ᵀ;
+        #           dw1 = pair sums of (dy_i, x_j w2ᵀ)
+        mix_x = a < c
+        mixed = None
+        if need_w1:
+            lhs, rhs = (rows @ w2, cols) if mix_x else (rows, cols @ w2.t())
+            if need_w2 and fuses_mix(rows, cols):  # the mix from the pair sums' own pass
+                m, side = (w1, 2) if mix_x else (w1.t(), 1)
+                partials, mixed = kron_kernels.pair_partials_mix(lhs, rhs, m, side)
+                dw1 = partials.sum(0)
+            else:
+                dw1 = w1_grad(lhs, rhs, a, c)
             dw1 = (dw1 * scale).to(w1.dtype)
+        if need_w2:
+            if mixed is None:
+                mixed = _mix(cols, w1) if mix_x else _mix(rows, w1.t())
+            if mix_x:  # mixed [tokens, a, d]
+                dw2 = (rows.reshape(-1, b).t() @ mixed.reshape(-1, d)) * scale
+            else:  # mixed [tokens, c, b]
+                dw2 = (mixed.reshape(-1, b).t() @ cols.reshape(-1, d)) * scale
         return dx, None, dbias, dw1, dw2, None
 
 
 def fuses_mix(rows: torch.Tensor, cols: torch.Tensor) -> bool:
-    """Whether `MergedKron`'s backward takes the fused kernel op for dy's rows `[tokens, a, b]`
-    and x's `[tokens, c, d]` (FUSED_MIX, and the kernel's own conditions; the op still falls
-    back to torch where its self-check fails)."""
-    return (
-        FUSED_MIX
-        and rows.is_cuda
-        and cols.is_cuda
-        and kron_kernels.kernel_fits(
-            rows.dtype, cols.dtype, rows.shape[0], rows.shape[1], cols.shape[1]
-        )
-    )
-
-
-def _fused_factor_grads(
-    rows: torch.Tensor, cols: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """`MergedKron`'s unscaled w1 (float32) and w2 gradients, w1's pair sums and w2's mix from
-    one kernel pass (`kron_kernels.pair_partials_mix`) where `fuses_mix`, else None. The two
-    read the same operand: dy's rows when a >= c, x's when a < c. rows `[tokens, a, b]` (dy),
-    cols `[tokens, c, d]` (x)."""
-    if not fuses_mix(rows, cols):
-        return None
-    (a, c), (b, d) = w1.shape, w2.shape
-    if a < c:  # pair sums of (dy_i w2, x_j); w2's gradient from x mixed by w1: [tokens, a, d]
-        lhs, rhs, m, side = rows @ w2, cols, w1, 2
-    else:  # pair sums of (dy_i, x_j w2ᵀ); w2's gradient from dy mixed by w1ᵀ: [tokens, c, b]
-        lhs, rhs, m, side = rows, cols @ w2.t(), w1.t(), 1
-    partials, mixed = kron_kernels.pair_partials_mix(lhs, rhs, m, side)
-    if side == 2:  # Σ_t dy_tᵀ (w1 x_t)
-        dw2 = rows.reshape(-1, b).t() @ mixed.reshape(-1, d)
-    else:  # Σ_t (w1ᵀ dy_t)ᵀ x_t
-        dw2 = mixed.reshape(-1, b).t() @ cols.reshape(-1, d)
-    return partials.sum(0), dw2
+    """Whether `MergedKron`'s backward takes w1's pair sums and w2's mix from one kernel pass
+    (`kron_kernels.pair_partials_mix`) for dy's rows `[tokens, a, b]` and x's `[tokens, c, d]`:
+    FUSED_MIX and the kernel's own conditions (the op still falls back to torch where its
+    self-check fails)."""
+    return FUSED_MIX and kron_kernels.kernel_applies(rows, cols)
 
 
 def kron_linear(

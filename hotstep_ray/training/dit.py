@@ -54,12 +54,12 @@ from hotstep_ray.training import (
     dit_loss,
     dit_vram,
     export,
+    flat_grads,
     kron_kernels,
 )
 from hotstep_ray.training.accumulate import micro_batch_weights
 from hotstep_ray.training.adapters import AdapterSpec
 from hotstep_ray.training.checkpoint import load_checkpoint, model_fingerprint, save_checkpoint
-from hotstep_ray.training.flat_grads import FlatGrads
 from hotstep_ray.training.optim import HybridOptimizer, build_optimizer
 from hotstep_ray.training.schedule import LrSchedule, MilestoneTracker, StopRule
 
@@ -168,7 +168,7 @@ class DitRun:
     compile: str = "off"  # the resolved compile mode of the blocks
     fold: int = 1  # micro-batches of a window run as one (`fold_factor`)
     graph_steps: int = 0  # steps run with CUDA graphs so far in this process (`guarded_step`)
-    grad_flats: FlatGrads | None = None  # the CUDA-graph step's gradient buffers
+    grad_flats: flat_grads.FlatGrads | None = None  # the CUDA-graph step's gradient buffers
     prepared: PreparedWindow | None = None  # the next step's inputs, made during this backward
     started: float = field(default_factory=time.time)
 
@@ -702,9 +702,10 @@ GRAPH_TRIAL_STEPS = 3  # CUDA-graph trees warm up, record, then replay: a fault 
 # buffer per parameter (`compiling.stable_grads`) and torch's per-tensor clip, for the bench's
 # A/B (`dit_bench --no-flat-grads`). H200, 2B, 240 s, batch 1, graph-replayed steps: no change
 # beyond the rows' spread (LoKR 512 94.98 flat / 91.93 lists, LoRA r64 93.85 / 93.35 ms; twelfth
-# device run), since a replayed graph pays no per-tensor launches; LoKR's synchronised clip
-# phase (`dit_bench --profile`) went 5.6 ms (lists, batch 1) -> 1.06 ms (flat, batch 2). On the CPU, torch's clip over 528 16 x 16 gradients on one thread takes
-# 1.6 ms of host time, the flat one 0.035 ms (the flat_grads module docstring has the command).
+# device run): the clip's host time overlaps the queued GPU work. LoKR's synchronised clip phase
+# (`dit_bench --profile`) went 5.6 ms (lists, batch 1) -> 1.06 ms (flat, batch 2). On the CPU,
+# torch's clip over 528 16 x 16 gradients on one thread takes 1.6 ms of host time, the flat one
+# 0.035 ms (the flat_grads module docstring has the command).
 FLAT_GRADS = True
 
 
@@ -747,22 +748,12 @@ def keep_grads(run: DitRun) -> None:
     if not FLAT_GRADS:
         compiling.stable_grads(run.params)
     elif run.grad_flats is None or not run.grad_flats.backs():
-        run.grad_flats = FlatGrads(run.params)
+        run.grad_flats = flat_grads.FlatGrads(run.params)
 
 
-def live_flats(run: DitRun) -> FlatGrads | None:
-    """The flat gradient buffer if every gradient is still its view, else None (the per-tensor
-    paths then stay right)."""
-    flats = run.grad_flats if FLAT_GRADS else None
-    return flats if flats is not None and flats.backs() else None
-
-
-def clip_grads(run: DitRun, max_norm: float, flats: FlatGrads | None = None) -> torch.Tensor:
-    """The global-norm clip of the adapter's gradients (returns the norm): over the flat buffer
-    when `flats` is given, else torch's per-tensor `clip_grad_norm_`."""
-    if flats is not None:
-        return flats.clip_(max_norm)
-    return torch.nn.utils.clip_grad_norm_(run.params, max_norm)
+def live_flats(run: DitRun) -> flat_grads.FlatGrads | None:
+    """The run's flat gradient buffer while every gradient is its view (`flat_grads.live`)."""
+    return flat_grads.live(run.grad_flats if FLAT_GRADS else None)
 
 
 def optimizer_step(
@@ -820,7 +811,7 @@ def optimizer_step(
         else:
             _all_reduce_grads(params, run.settings.world_size)
     clip = run.options.grad_clip if run.options.grad_clip > 0 else math.inf
-    grad_norm = float(clip_grads(run, clip, flats))
+    grad_norm = float(flat_grads.clip_grads(params, clip, flats))
     loss, raw = float(loss_sum), float(raw_sum)
     finite = math.isfinite(loss) and math.isfinite(grad_norm)
     factor = run.schedule.factor(step)
@@ -828,10 +819,7 @@ def optimizer_step(
         run.schedule.apply(run.optimizer, step)
         run.optimizer.step()
         run.state.step += 1
-    if flats is not None:
-        flats.zero_()
-    else:
-        run.optimizer.zero_grad(set_to_none=not graphs)
+    flat_grads.zero_grads(run.optimizer, flats, set_to_none=not graphs)
     ms = (time.perf_counter() - started) * 1000
     samples = sum(len(micro_batch) for micro_batch in window)
     return StepResult(loss, raw, grad_norm, factor, samples, frames, ms, finite)

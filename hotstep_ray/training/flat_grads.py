@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -81,6 +82,30 @@ class FlatGrads:
         for flat in self.buffers:
             dist.all_reduce(flat)
             flat /= world_size
+
+
+def live(flats: FlatGrads | None) -> FlatGrads | None:
+    """`flats` if every gradient is still its view, else None (the per-tensor paths then stay
+    right: something dropped or replaced a gradient since)."""
+    return flats if flats is not None and flats.backs() else None
+
+
+def clip_grads(
+    params: Iterable[torch.nn.Parameter], max_norm: float, flats: FlatGrads | None
+) -> torch.Tensor:
+    """The global-norm clip (returns the norm): over the flat buffers when `flats` (live) is
+    given, else torch's per-tensor `clip_grad_norm_`."""
+    if flats is not None:
+        return flats.clip_(max_norm)
+    return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+
+def zero_grads(optimizer: Any, flats: FlatGrads | None, set_to_none: bool) -> None:
+    """A step's end: the flat buffers zeroed in place, else the optimizer's `zero_grad`."""
+    if flats is not None:
+        flats.zero_()
+    else:
+        optimizer.zero_grad(set_to_none=set_to_none)
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:

@@ -55,10 +55,17 @@ from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog, MetricEvent
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.models import lm_tokenizer
-from hotstep_ray.training import adapters, checkpoint, compiling, export, lm_loss, lm_vram
+from hotstep_ray.training import (
+    adapters,
+    checkpoint,
+    compiling,
+    export,
+    flat_grads,
+    lm_loss,
+    lm_vram,
+)
 from hotstep_ray.training import lm_data as data
 from hotstep_ray.training.adapters import AdapterSpec
-from hotstep_ray.training.flat_grads import FlatGrads
 from hotstep_ray.training.optim import build_optimizer
 from hotstep_ray.training.schedule import LrSchedule, MilestoneTracker, StopRule
 
@@ -333,7 +340,7 @@ class LmSetup:
     rank: int = 0
     world: int = 1
     events: EventLog | None = None
-    grad_flats: FlatGrads | None = None  # the CUDA-graph step's gradient buffers
+    grad_flats: flat_grads.FlatGrads | None = None  # the CUDA-graph step's gradient buffers
 
     @property
     def is_main(self) -> bool:
@@ -571,7 +578,7 @@ def setup_lm(
     # ~500 LoRA tensors). Graphs run on one GPU only (`compiling.with_graphs`), so no DDP here.
     grad_flats = None
     if mode == "reduce-overhead":
-        grad_flats = FlatGrads([p for _, p in adapters.trainable_parameters(model)])
+        grad_flats = flat_grads.FlatGrads([p for _, p in adapters.trainable_parameters(model)])
     model.train()
     module: nn.Module = lm_loss.LmLossModule(model, engine.ce_chunk)
     if world > 1:
@@ -756,22 +763,15 @@ def run_epoch(setup: LmSetup, state: LmTrainState, epoch: int) -> dict[str, Any]
                 (song_losses / in_window).backward()
             window_loss += song_losses.detach()
             songs += batch.n_songs
-        flats = setup.grad_flats if keep_grads else None
-        if flats is not None and flats.backs():
-            norms.append(flats.clip_(clip))
-        else:  # per tensor; also where something replaced the views
-            flats = None
-            norms.append(torch.nn.utils.clip_grad_norm_(params, clip))
+        flats = flat_grads.live(setup.grad_flats if keep_grads else None)
+        norms.append(flat_grads.clip_grads(params, clip, flats))
         if not torch.isfinite(norms[-1]):  # stop before a NaN/Inf step can reach the adapter
             setup.optimizer.zero_grad(set_to_none=not keep_grads)
             setup.log(f"non-finite gradient at step {state.step}; stopping", "error")
             return {"epoch": epoch, "loss": math.nan, "lr": 0.0, "grad_norm": math.nan, "ms": 0.0}
         factor = setup.schedule.apply(setup.optimizer, state.step)
         setup.optimizer.step()
-        if flats is not None:
-            flats.zero_()
-        else:
-            setup.optimizer.zero_grad(set_to_none=not keep_grads)
+        flat_grads.zero_grads(setup.optimizer, flats, set_to_none=not keep_grads)
         loss_sum += window_loss
         state.step += 1
         if state.step % engine.log_every == 0:

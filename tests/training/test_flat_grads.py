@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from hotstep_ray.training import flat_grads
 from hotstep_ray.training.flat_grads import FlatGrads
 
 
@@ -147,3 +148,26 @@ def test_all_reduce_averages_across_two_real_gloo_ranks(tmp_path) -> None:
     for rank in range(2):
         grads = torch.load(f"{out}.{rank}", weights_only=True)
         assert all(torch.equal(g, torch.full_like(g, 1.5)) for g in grads)
+
+
+def test_live_clip_and_zero_fall_back_to_torch_once_a_view_is_gone() -> None:
+    """The trainers' step ends through `live`, `clip_grads` and `zero_grads`: over the buffers
+    while every gradient is its view; once one was replaced, torch's per-tensor clip and the
+    optimizer's `zero_grad`, so the replaced gradient is clipped and zeroed too."""
+    params = [torch.nn.Parameter(torch.ones(4, 4)) for _ in range(3)]
+    flats = flat_grads.FlatGrads(params)
+    for p in params:
+        p.grad.fill_(2.0)
+    assert flat_grads.live(flats) is flats and flat_grads.live(None) is None
+    norm = flat_grads.clip_grads(params, 1.0, flat_grads.live(flats))
+    assert norm.item() == pytest.approx(2.0 * math.sqrt(48))
+    assert torch.linalg.vector_norm(flats.buffers[0]).item() == pytest.approx(1.0, rel=1e-5)
+    optimizer = torch.optim.SGD(params, lr=0.1)
+    flat_grads.zero_grads(optimizer, flat_grads.live(flats), set_to_none=True)
+    assert all(p.grad is not None and not p.grad.any() for p in params)  # zeroed in place
+    params[1].grad = torch.full((4, 4), 3.0)  # replaced: no longer the buffer's view
+    assert flat_grads.live(flats) is None
+    norm = flat_grads.clip_grads(params, 1.0, flat_grads.live(flats))
+    assert norm.item() == pytest.approx(12.0) and params[1].grad.norm().item() < 1.0 + 1e-5
+    flat_grads.zero_grads(optimizer, flat_grads.live(flats), set_to_none=True)
+    assert all(p.grad is None for p in params)
