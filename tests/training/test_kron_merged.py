@@ -258,13 +258,15 @@ def test_fused_pair_sums_and_mix_give_the_same_factor_grads(monkeypatch, w1_shap
 
 
 def test_the_fused_backward_is_for_cuda_half_precision_only(monkeypatch):
-    """Both the switch (off by default until measured) and the kernel's own conditions."""
+    """Both the switch (on by default since the H200 measured it) and the kernel's own
+    conditions."""
+    assert adapters.FUSED_MIX  # the default the thirteenth device run chose
     rows = torch.randn(5, 4, 8, dtype=torch.bfloat16)
     with monkeypatch.context() as patched:  # operands the kernel takes
         patched.setattr(kron_kernels, "kernel_applies", lambda x, y: True)
-        assert not adapters.fuses_mix(rows, rows)  # FUSED_MIX off
-        patched.setattr(adapters, "FUSED_MIX", True)
         assert adapters.fuses_mix(rows, rows)
+        patched.setattr(adapters, "FUSED_MIX", False)  # dit_bench --no-fused-mix
+        assert not adapters.fuses_mix(rows, rows)
     monkeypatch.setattr(adapters, "FUSED_MIX", True)
     assert not adapters.fuses_mix(rows, rows)  # CPU
     meta = torch.empty(5, 4, 8, dtype=torch.bfloat16, device="meta")

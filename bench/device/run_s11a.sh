@@ -1,5 +1,5 @@
 #!/bin/bash
-# First call of the next session (issue 6), ~8.5 min, carry [".device_wheels"]. Session 10 left
+# Session 11, first call (issue 6), ~6 min measured, carry [".device_wheels"]. Session 10 left
 # LoKR 512 1.7-2.4% behind LoRA r64 at batch 2 (run_s10c.sh) and put the fused pair sums + mix
 # kernel in, off by default until measured (`kron_kernels.pair_partials_mix`,
 # `adapters.FUSED_MIX`, `dit_bench --fused-mix`; checked in Triton's CPU interpreter in float32,

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Second call of the next session, ~8.5 min, carry [".device_wheels"]; documentation rows left
+# Session 11, third call, ~4 min measured, carry [".device_wheels"]; documentation rows left
 # from sessions 6-7 (no default depends on them):
 #   1. issue 6: 2B LoRA r64 at batch 3, 6000 frames (batch 2: 155.57 ms, 20.34 GiB reserved)
 #   2. issue 8: the merged-adapter planner at 240 s (30 s measured: 276 codes/s; base 255 at 240 s)
