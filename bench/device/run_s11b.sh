@@ -1,6 +1,6 @@
 #!/bin/bash
 # Session 11, second call (issue 6), ~8.5 min, carry [".device_wheels"]. The first call
-# (next_run.sh) measured the fused LoKR backward at batch 2: LoKR 512 --fused-mix 150.58 / 150.38 ms,
+# (run_s11a.sh) measured the fused LoKR backward at batch 2: LoKR 512 --fused-mix 150.58 / 150.38 ms,
 # LoRA r64 157.60, LoKR unfused 158.77. This call checks that against more rows from one machine:
 # batch 1 LoKR fused vs LoRA, a second LoRA batch-2 row, and the batch-2 pair with AdamW (whose update
 # costs the same per parameter for both adapters). 2B, 6000 frames, CUDA graphs, one process per row.

@@ -112,7 +112,6 @@ def _run(
     vram_gb: float | None = typer.Option(
         None, help="GPU memory per worker (Ray request; local: budget). Default: predicted."
     ),
-    compile_blocks: bool = typer.Option(False, "--compile", help="torch.compile each block."),
     resume: str | None = typer.Option(None, help="Checkpoint folder key to continue from."),
     run_key: str | None = typer.Option(None, help="Run folder key (with --resume)."),
     max_steps: int | None = typer.Option(None, help="Stop after N optimizer steps."),
@@ -146,7 +145,6 @@ def _run(
         zero_groups=tuple(g.strip() for g in zero_groups.split(",") if g.strip()),
         milestone_every_epochs=milestone_every_epochs,
         vram_budget_gb=vram_gb,
-        compile=compile_blocks,
         resume=resume,
         run_key=run_key,
     )

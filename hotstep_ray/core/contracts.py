@@ -344,11 +344,11 @@ class TrainDitOptions(Options):
     lokr_factor: int = 6
     lokr_decompose_both: bool = True
     target_mlp: bool = True
-    layers: int = Field(default=0, ge=0, le=64)  # 0 = auto top-K depth
+    layers: int = Field(default=0, ge=0, le=64)  # 0 = every layer; K = the top K (never fitted)
     crop_frames: int = Field(default=0, ge=0, le=8192)  # 0 = auto-fit; 25 latent frames per s
     crop_min_frames: int = Field(default=375, ge=128, le=8192)
     crop_max_frames: int = Field(default=1250, ge=128, le=8192)
-    target_loss: float = Field(default=0.1, ge=0, le=20)  # compared with the 5-step moving average
+    target_loss: float = Field(default=0.1, ge=0, le=20)  # compared with the 5-epoch moving average
     epochs: int = Field(default=500, ge=1, le=2000)
     learning_rate: float | None = Field(default=None, gt=0, le=1)  # lokr 2e-3, lora 5e-4
     grad_accum: int = Field(default=4, ge=1, le=64)  # counts micro-batches

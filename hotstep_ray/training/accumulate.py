@@ -18,9 +18,10 @@ from collections.abc import Sequence
 import torch
 
 
-def micro_batch_weights(valid_elements_per_micro_batch: Sequence[int]) -> list[float]:
-    """Weight of each micro-batch's loss: its sample count over the window's sample count."""
-    counts = [int(n) for n in valid_elements_per_micro_batch]
+def micro_batch_weights(samples_per_micro_batch: Sequence[int]) -> list[float]:
+    """Weight of each micro-batch's loss: its sample count over the window's sample count (the
+    "elements" of the share are samples, each already a mean over its valid frames)."""
+    counts = [int(n) for n in samples_per_micro_batch]
     if not counts or any(n < 0 for n in counts) or sum(counts) == 0:
         raise ValueError(f"need non-negative counts with a positive total, got {counts}")
     total = sum(counts)

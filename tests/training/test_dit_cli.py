@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import typer
 from test_dit_support import (  # noqa: F401  (fixtures)
     SLUG,
     read_log,
@@ -14,6 +15,7 @@ from test_dit_support import (  # noqa: F401  (fixtures)
 from typer.testing import CliRunner
 
 from hotstep_ray.cli.train_dit_cmd import app, build_options
+from hotstep_ray.core.contracts import TrainDitOptions
 from hotstep_ray.core.storage import Storage
 
 
@@ -26,6 +28,15 @@ def test_every_contract_field_is_an_option() -> None:
     help_text = CliRunner().invoke(app, ["run", "--help"], terminal_width=200).output
     for flag in ("--lokr-factor", "--no-target-mlp", "--crop-min-frames", "--ray", "--variant"):
         assert flag in help_text
+
+
+def test_compile_reaches_the_contract() -> None:
+    """A CLI-only `--compile` once shadowed the contract's, so its value never reached training
+    (tests/test_cli_flags.py now refuses any flag declared twice)."""
+    command = typer.main.get_command(app).commands["run"]
+    context = command.make_context("run", [SLUG, "--variant", "turbo", "--compile", "off"])
+    contract = {k: v for k, v in context.params.items() if k in TrainDitOptions.model_fields}
+    assert build_options("turbo", contract).compile == "off"
 
 
 def test_cli_trains_and_exports(tmp_path, tiny_dit_dir, single_thread) -> None:

@@ -148,8 +148,6 @@ def _rel_fro(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_lokr_export_loads_into_lycoris_with_the_same_delta(tmp_path, make_toy, randomize):
-    from lycoris import create_lycoris, create_lycoris_from_weights
-
     trained = adapters.inject(make_toy(0), LOKR)
     randomize(trained)
     export.export_lokr(trained, tmp_path, "run", extra_config={"target_mlp": True})
@@ -173,8 +171,33 @@ def test_lokr_export_loads_into_lycoris_with_the_same_delta(tmp_path, make_toy, 
     assert (config["linear_dim"], config["linear_alpha"], config["factor"]) == (8, 4, 4)
     assert config["target_mlp"] is True and config["decompose_both"] is False
 
+    _lycoris_reproduces_the_delta(trained, tmp_path, make_toy, config)
+
+
+def test_lokr_with_both_factors_split_loads_into_lycoris(tmp_path, make_toy, randomize):
+    """decompose_both at a dim below half of w1's sides: w1 and w2 both low-rank (w1_a/w1_b,
+    w2_a/w2_b), the path the default dim 512 never takes at the real model's sizes."""
+    spec = AdapterSpec(kind="lokr", rank=2, alpha=2, factor=8, decompose_both=True)
+    trained = adapters.inject(make_toy(0), spec)
+    randomize(trained)
+    export.export_lokr(trained, tmp_path, "run", extra_config={"target_mlp": True})
+    path = tmp_path / "run" / export.LOKR_WEIGHTS_FILE
+    names = {key.rsplit(".", 1)[1] for key in load_file(path) if "to_q" in key}
+    assert names == {"lokr_w1_a", "lokr_w1_b", "lokr_w2_a", "lokr_w2_b", "alpha"}
+    config = json.loads(export.safetensors_metadata(path.read_bytes())["lokr_config"])
+    assert config["decompose_both"] is True
+    _lycoris_reproduces_the_delta(trained, tmp_path, make_toy, config)
+
+
+def _lycoris_reproduces_the_delta(trained, tmp_path, make_toy, config) -> None:
+    """The export reloads (ours) and loads in LyCORIS both from its weights and from a network
+    built from `lokr_config`, each giving the trained ΔW per adapted module."""
+    from lycoris import create_lycoris, create_lycoris_from_weights
+
+    path = tmp_path / "run" / export.LOKR_WEIGHTS_FILE
     exported = adapters.delta_weights(export.load_exported(make_toy(0), tmp_path, "run"))
     trained_delta = adapters.delta_weights(trained)
+    assert exported and exported.keys() == trained_delta.keys()
     from_weights = make_toy(0)
     network, _ = create_lycoris_from_weights(1.0, str(path), from_weights)
     network.apply_to()

@@ -33,6 +33,18 @@ def test_lr_schedule_values_at_known_steps():
     assert lr_factor(5000, 1000, 50) == pytest.approx(0.1)  # past the end stays at the floor
 
 
+def test_warmup_is_five_percent_with_a_50_step_floor_and_a_half_run_cap():
+    """The seed's preview arithmetic (reference/hotstep.md): warmup = max(50, total · ratio),
+    at most half the run; the 5% alone governs only runs past 1000 steps."""
+    long_run = LrSchedule.from_counts(14, 1000, 1, 4, 0.05)  # 4000 steps
+    assert (long_run.total_steps, long_run.warmup_steps) == (4000, 200)
+    short_run = LrSchedule.from_counts(3, 500, 1, 4, 0.05)  # 1 step per epoch: 500 steps
+    assert (short_run.total_steps, short_run.warmup_steps) == (500, 50)
+    tiny_run = LrSchedule.from_counts(3, 60, 1, 4, 0.05)  # 60 steps: the cap, 30
+    assert tiny_run.warmup_steps == 30 and tiny_run.factor(15) == 0.5
+    assert LrSchedule.from_counts(14, 1000, 1, 4, 0.1).warmup_steps == 400
+
+
 def test_moving_average_and_state():
     average = MovingAverage(5)
     assert math.isnan(average.value)

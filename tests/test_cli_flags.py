@@ -1,0 +1,31 @@
+"""Every command of the CLI declares each flag once: click keeps the last of two same-named
+options without a word, so the other one's value is silently lost."""
+
+from __future__ import annotations
+
+import typer
+
+from hotstep_ray.cli.main import app
+
+
+def _commands(command, path: tuple[str, ...] = ()):
+    """(path, leaf command) pairs; typer vendors its own click, so groups are told by their
+    `commands` mapping rather than by class."""
+    if getattr(command, "commands", None):
+        for name, child in command.commands.items():
+            yield from _commands(child, (*path, name))
+    else:
+        yield path, command
+
+
+def test_no_command_declares_a_flag_twice() -> None:
+    commands = list(_commands(typer.main.get_command(app)))
+    assert len(commands) > 30  # the walk reached the subcommands
+    assert ("train-dit", "run") in [path for path, _ in commands]
+    twice = {}
+    for path, command in commands:
+        flags = [flag for param in command.params for flag in (*param.opts, *param.secondary_opts)]
+        repeated = sorted({flag for flag in flags if flags.count(flag) > 1})
+        if repeated:
+            twice[" ".join(path)] = repeated
+    assert twice == {}
