@@ -33,10 +33,11 @@ from typing import Any
 from hotstep_ray.core import layout
 from hotstep_ray.core.events import EventLog, jsonl_sink
 from hotstep_ray.core.storage import Storage
+from hotstep_ray.distributed.ray_results import results_location
 from hotstep_ray.distributed.runtime import die_after_checkpoint
 from hotstep_ray.mm3 import checkpoint as ckpt
 from hotstep_ray.mm3 import train, vram
-from hotstep_ray.training.ray_dit import RESULTS_DIR, VRAM_RESOURCE, WORKERS_DIR, check_placement
+from hotstep_ray.training.ray_dit import VRAM_RESOURCE, WORKERS_DIR, check_placement
 
 DEFAULT_CHECKPOINTS = 10  # reported checkpoints per run when `save_every` is 0
 
@@ -98,6 +99,7 @@ def train_mm3_on_ray(
     artist = layout.check_name(options.adapter_name or slug, "adapter name")
     run_key = layout.new_run_dir(storage, train.ADAPTER_BASE, artist)
     run_name = "mm3-train-dit-" + run_key.rsplit("/", 1)[-1]
+    results_path, results_fs = results_location(storage)
     trainer = TorchTrainer(
         _worker,
         train_loop_config={
@@ -116,7 +118,8 @@ def train_mm3_on_ray(
         ),
         run_config=RunConfig(
             name=run_name,
-            storage_path=storage.url_of(RESULTS_DIR),
+            storage_path=results_path,
+            storage_filesystem=results_fs,
             failure_config=FailureConfig(max_failures=max_failures),
         ),
     )

@@ -43,11 +43,11 @@ from hotstep_ray.core.contracts import TrainDitOptions
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog, jsonl_sink
 from hotstep_ray.core.storage import Storage
+from hotstep_ray.distributed.ray_results import results_location
 from hotstep_ray.distributed.runtime import die_after_checkpoint
 from hotstep_ray.training import adapters, dit, dit_data, dit_vram
 
 VRAM_RESOURCE = "VRAM_GB"
-RESULTS_DIR = "ray_results"
 WORKERS_DIR = "workers"
 
 
@@ -157,6 +157,7 @@ def train_dit_on_ray(
     run_name = "train-dit-" + run_key.rsplit("/", 1)[-1]
     worker_settings = {**asdict(settings), "run_key": run_key, "dit_folder": str(folder)}
     worker_settings["zero_groups"] = list(settings.zero_groups)
+    results_path, results_fs = results_location(storage)
     trainer = TorchTrainer(
         _worker,
         train_loop_config={
@@ -174,7 +175,8 @@ def train_dit_on_ray(
         ),
         run_config=RunConfig(
             name=run_name,
-            storage_path=storage.url_of(RESULTS_DIR),
+            storage_path=results_path,
+            storage_filesystem=results_fs,
             failure_config=FailureConfig(max_failures=max_failures),
         ),
     )

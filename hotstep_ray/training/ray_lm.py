@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import tempfile
 from typing import Any
 
@@ -27,6 +26,7 @@ import torch
 
 from hotstep_ray.core.events import EventLog, jsonl_sink
 from hotstep_ray.core.storage import Storage
+from hotstep_ray.distributed.ray_results import results_location
 from hotstep_ray.training import lm
 from hotstep_ray.training.lm_vram import GIB
 from hotstep_ray.training.ray_dit import VRAM_RESOURCE as VRAM_GB_RESOURCE
@@ -36,7 +36,6 @@ from hotstep_ray.training.ray_dit import VRAM_RESOURCE as VRAM_GB_RESOURCE
 # for what its memory plan needs, so it lands only on GPUs that are big enough; otherwise one
 # whole GPU per worker is asked for.
 VRAM_RESOURCE = VRAM_GB_RESOURCE
-RESULTS_DIR = "ray_results"
 
 
 def worker_resources(estimate_bytes: int, reserve_gib: float, cluster: dict[str, float]) -> dict:
@@ -151,9 +150,10 @@ def run_lm_on_ray(
         resources = worker_resources(estimate.total, spec.engine.vram_reserve_gib, cluster)
     else:
         resources = {"CPU": 1}
-    results = storage_path or storage.url_of(RESULTS_DIR)
-    if storage.is_local:
-        os.makedirs(results, exist_ok=True)
+    if storage_path:  # the caller's own location, resolved by Ray from the environment
+        results, results_fs = storage_path, None
+    else:
+        results, results_fs = results_location(storage)
     name = spec.run_key.replace("/", "_")
     trainer = TorchTrainer(
         _train_loop,
@@ -170,6 +170,7 @@ def run_lm_on_ray(
         run_config=RunConfig(
             name=name,
             storage_path=results,
+            storage_filesystem=results_fs,
             failure_config=FailureConfig(max_failures=max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
         ),
