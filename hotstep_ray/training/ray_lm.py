@@ -107,7 +107,6 @@ def run_lm_on_ray(
     use_gpu: bool | None = None,
     max_failures: int = 2,
     ray_address: str | None = None,
-    storage_path: str = "",
     fail_after_epoch: int = 0,
     events: EventLog | None = None,
 ) -> lm.LmRunResult:
@@ -150,10 +149,7 @@ def run_lm_on_ray(
         resources = worker_resources(estimate.total, spec.engine.vram_reserve_gib, cluster)
     else:
         resources = {"CPU": 1}
-    if storage_path:  # the caller's own location, resolved by Ray from the environment
-        results, results_fs = storage_path, None
-    else:
-        results, results_fs = results_location(storage)
+    results, results_fs = results_location(storage)
     name = spec.run_key.replace("/", "_")
     trainer = TorchTrainer(
         _train_loop,
