@@ -1,10 +1,16 @@
 """DiT training on Ray Train, on a simulated 2-node cluster (CPU workers, gloo, fake VRAM_GB).
 
-head node: 2 CPUs, VRAM_GB 24; second node: 2 CPUs, VRAM_GB 48."""
+head node: 2 CPUs, VRAM_GB 24; second node: 2 CPUs, VRAM_GB 48. The killed-worker run keeps its
+storage root on S3 (`rclone serve s3`, tests/cluster/cluster_support.py), opened with explicit
+keys and endpoint: Ray's checkpoints then go through the root's own filesystem
+(`distributed.ray_results`); rclone stores a pyarrow folder marker "a/" as a file "a", so the run
+fails if Ray writes with an S3 client of its own."""
 
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 from test_dit_support import (
@@ -14,10 +20,14 @@ from test_dit_support import (
     write_cache,
 )
 
-from hotstep_ray.core.errors import InputError
-from hotstep_ray.core.storage import Storage
-from hotstep_ray.training import dit
-from hotstep_ray.training.ray_dit import train_dit_on_ray
+sys.path.insert(0, str(Path(__file__).parents[1] / "cluster"))  # the S3 server fixture
+from cluster_support import ACCESS_KEY, SECRET_KEY, s3_server  # noqa: E402, F401  (fixture)
+
+from hotstep_ray.core.errors import InputError  # noqa: E402
+from hotstep_ray.core.storage import Storage  # noqa: E402
+from hotstep_ray.distributed.ray_results import results_location  # noqa: E402
+from hotstep_ray.training import dit  # noqa: E402
+from hotstep_ray.training.ray_dit import train_dit_on_ray  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -76,7 +86,18 @@ def test_a_40gb_job_lands_only_on_the_node_that_has_it(cluster, storage, tiny_di
         train_dit_on_ray(fast_options(), storage, SLUG, settings(tiny_dit_dir), vram_gb=80)
 
 
-def test_a_killed_worker_resumes_from_the_last_checkpoint(cluster, storage, tiny_dit_dir) -> None:
+def test_a_killed_worker_resumes_from_the_last_checkpoint_on_s3(
+    cluster,
+    s3_server,  # noqa: F811  (the imported fixture)
+    tiny_dit_dir,
+) -> None:
+    storage = Storage(
+        s3_server.root("ray-train"),
+        key=ACCESS_KEY,
+        secret=SECRET_KEY,
+        client_kwargs={"endpoint_url": s3_server.endpoint},
+    )
+    write_cache(storage)
     options = fast_options(epochs=3, batch=1, grad_accum=1)  # 2 workers: 2 steps per epoch each
     run_settings = settings(tiny_dit_dir)
     run_settings.checkpoint_every_steps = 2
@@ -98,4 +119,11 @@ def test_a_killed_worker_resumes_from_the_last_checkpoint(cluster, storage, tiny
     # data parallel: both ranks hold the same adapter after every averaged step
     assert workers[0]["adapter_sha256"] == workers[1]["adapter_sha256"]
     assert result.log["resumes"] == [{"step": 4, "epoch": 3}]
-    assert result.log["epochs_run"] == 3 and result.checkpoint_path
+    assert result.log["epochs_run"] == 3
+    # Ray's own state sits under the root, in the bucket folder rclone serves
+    path, _ = results_location(storage)
+    assert path == f"{s3_server.bucket}/ray-train/ray_results"
+    assert result.checkpoint_path and result.checkpoint_path.startswith(path + "/")
+    run_dir = s3_server.on_disk(storage.url_of(f"ray_results/{result.run_name}"))
+    reported = sorted(p.parent.name for p in run_dir.glob("checkpoint_*/checkpoint.json"))
+    assert len(reported) >= 2, reported  # before and after the kill
