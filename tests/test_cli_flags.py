@@ -29,3 +29,16 @@ def test_no_command_declares_a_flag_twice() -> None:
         if repeated:
             twice[" ".join(path)] = repeated
     assert twice == {}
+
+
+def test_a_slug_in_place_of_a_subcommand_means_run() -> None:
+    """`hotstep-ray train-dit SLUG ...` (the form the docs of each stage use) runs `run`."""
+    from typer.testing import CliRunner
+
+    for group in ("label", "preprocess", "train-dit", "train-lm"):
+        shorthand = CliRunner().invoke(app, [group, "my-band", "--help"], terminal_width=200)
+        explicit = CliRunner().invoke(app, [group, "run", "--help"], terminal_width=200)
+        assert shorthand.exit_code == 0, (group, shorthand.output)
+        assert shorthand.output == explicit.output and f"{group} run" in shorthand.output
+    typo = CliRunner().invoke(app, ["train-dit", "--bogus"])
+    assert typo.exit_code == 2 and "No such option" in typo.output  # options are not slugs

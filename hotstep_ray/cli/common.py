@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import typer
+import typer.core
 from rich.console import Console
 
 from hotstep_ray.core.errors import HotstepError
@@ -19,6 +20,18 @@ F = TypeVar("F", bound=Callable[..., Any])
 # Exit codes: 0 ok, 1 runtime failure, 2 bad input/usage (as the seed's ace-train does).
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+
+
+class RunByDefault(typer.core.TyperGroup):
+    """A stage's command group in which a dataset slug in place of a subcommand means `run`:
+    `hotstep-ray train-dit SLUG --variant turbo` is `hotstep-ray train-dit run SLUG --variant
+    turbo`. A subcommand's own name (`run`, `inspect`, ...) keeps its meaning."""
+
+    def resolve_command(self, ctx, args):
+        if args and "run" in self.commands and args[0] not in self.commands:
+            if not args[0].startswith("-"):
+                args = ["run", *args]
+        return super().resolve_command(ctx, args)
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:

@@ -16,14 +16,17 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from hotstep_ray.cli.common import console, err_console, handle_errors, print_json
+from hotstep_ray.cli.common import RunByDefault, console, err_console, handle_errors, print_json
 from hotstep_ray.core.contracts import CaptionProviderChoice, LabelOptions, MergePolicy
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import LogEvent, ProgressEvent, SampleEvent
 from hotstep_ray.core.storage import Storage
 
 app = typer.Typer(
-    help="Label songs: Essentia BPM/key, Genius lyrics, captions.", no_args_is_help=True
+    help="Label songs: Essentia BPM/key, Genius lyrics, captions "
+    "(`label SLUG ...` = `label run SLUG ...`).",
+    no_args_is_help=True,
+    cls=RunByDefault,
 )
 
 MERGE_POLICIES: tuple[str, ...] = get_args(MergePolicy)

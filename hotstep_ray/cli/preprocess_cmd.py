@@ -16,7 +16,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from hotstep_ray.cli.common import console, handle_errors, print_json
+from hotstep_ray.cli.common import RunByDefault, console, handle_errors, print_json
 from hotstep_ray.core import layout
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import LogEvent, ProgressEvent
@@ -26,8 +26,10 @@ from hotstep_ray.dataset.store import load_summary
 from hotstep_ray.preprocess.plan import PreprocessRunOptions
 
 app = typer.Typer(
-    help="Encode a dataset into the tensor cache the trainers read; decode a cached target.",
+    help="Encode a dataset into the tensor cache the trainers read; decode a cached target "
+    "(`preprocess SLUG ...` = `preprocess run SLUG ...`).",
     no_args_is_help=True,
+    cls=RunByDefault,
 )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import typer
 
 from hotstep_ray.cli.common import (
+    RunByDefault,
     calibration_overrides,
     console,
     handle_errors,
@@ -32,7 +33,10 @@ from hotstep_ray.core.jobs import Job
 from hotstep_ray.core.storage import Storage
 
 app = typer.Typer(
-    help="Train DiT (LoRA/LoKR) adapters from a preprocessed tensor cache.", no_args_is_help=True
+    help="Train DiT (LoRA/LoKR) adapters from a preprocessed tensor cache "
+    "(`train-dit SLUG ...` = `train-dit run SLUG ...`).",
+    no_args_is_help=True,
+    cls=RunByDefault,
 )
 
 

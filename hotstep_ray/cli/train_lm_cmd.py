@@ -20,6 +20,7 @@ from typing import Any
 import typer
 
 from hotstep_ray.cli.common import (
+    RunByDefault,
     calibration_overrides,
     console,
     handle_errors,
@@ -35,7 +36,11 @@ from hotstep_ray.core.storage import Storage
 from hotstep_ray.training import lm
 from hotstep_ray.training.lm_data import CODES_FILE
 
-app = typer.Typer(help="Train 5 Hz LM (planner) adapters.", no_args_is_help=True)
+app = typer.Typer(
+    help="Train 5 Hz LM (planner) adapters (`train-lm SLUG ...` = `train-lm run SLUG ...`).",
+    no_args_is_help=True,
+    cls=RunByDefault,
+)
 
 
 @app.callback()

@@ -42,7 +42,8 @@ def test_compile_reaches_the_contract() -> None:
 def test_cli_trains_and_exports(tmp_path, tiny_dit_dir, single_thread) -> None:
     storage = Storage(tmp_path / "data")
     write_cache(storage)
-    args = ["run", SLUG, "--data", str(tmp_path / "data"), "--checkpoints", str(tiny_dit_dir)]
+    # `train-dit SLUG ...` is `train-dit run SLUG ...` (cli.common.RunByDefault)
+    args = [SLUG, "--data", str(tmp_path / "data"), "--checkpoints", str(tiny_dit_dir)]
     args += ["--variant", "turbo", "--no-ray", "--json", "--adapter-type", "lokr"]
     args += ["--lokr-dim", "8", "--lokr-factor", "4", "--epochs", "3", "--crop-frames", "48"]
     args += ["--init-adapter", "", "--optimizer", "adamw", "--trigger", "zz", "--artist", "cli"]
@@ -55,5 +56,5 @@ def test_cli_trains_and_exports(tmp_path, tiny_dit_dir, single_thread) -> None:
     assert storage.exists(f"{run_key}/lokr_weights.safetensors")
     assert read_log(storage, run_key)["config"]["trigger"] == "zz"
     assert storage.exists(f"jobs/{summary['job']}/events.jsonl")
-    bad = CliRunner().invoke(app, [*args[:-2], "--artist", "cli", "--batch", "99"])
+    bad = CliRunner().invoke(app, ["run", *args[:-2], "--artist", "cli", "--batch", "99"])
     assert bad.exit_code == 2 and "batch" in bad.output
