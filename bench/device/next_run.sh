@@ -15,8 +15,8 @@ row() {  # name timeout args...
   timeout $limit python3 bench/dit_bench.py --compile reduce-overhead --models 2b --steps 12 --warmup 3 --optimizer-time "$@" --time-budget-s $((limit - 8)) --out $OUT/$name.json > /tmp/$name.log 2>&1
   echo "$name rc=$? $(grep -h '"step_ms"\|"error": "[^"]' /tmp/$name.log | head -1 | cut -c1-330)"
 }
-row lokr_750_b8 170 --adapters lokr512 --crops 750 --batches 8
-row lora_750_b8 110 --adapters lora64 --crops 750 --batches 8
-row lora_1500_b4 110 --adapters lora64 --crops 1500 --batches 4
-row lora_recipe 110 --adapters lora64 --crops 1248 --batches 1 --grad-accum 4 --fold 4
+row lokr_750_b8 160 --adapters lokr512 --crops 750 --batches 8
+row lora_750_b8 105 --adapters lora64 --crops 750 --batches 8
+row lora_1500_b4 105 --adapters lora64 --crops 1500 --batches 4
+row lora_recipe 105 --adapters lora64 --crops 1248 --batches 1 --grad-accum 4 --fold 4
 row lokr_recipe 90 --adapters lokr512 --crops 1248 --batches 1 --grad-accum 4 --fold 4
