@@ -105,7 +105,11 @@ def _run(
     checkpoints: str | None = typer.Option(
         None, help="Folder of DiT checkpoints (the variant's DiT is looked up there)."
     ),
-    variant: str = typer.Option(..., "--variant", help="Tensor-cache variant key, e.g. turbo."),
+    variant: str | None = typer.Option(
+        None,
+        "--variant",
+        help="Tensor-cache variant key, e.g. turbo (default: the dataset's only one).",
+    ),
     dit_folder: str | None = typer.Option(None, "--dit", help="Explicit DiT folder."),
     artist: str = typer.Option("", help="Adapter folder name (default: adapter name or slug)."),
     trigger: str | None = typer.Option(None, help="Trigger word (default: from preprocess)."),
@@ -133,12 +137,12 @@ def _run(
 ) -> None:
     """Train a DiT adapter: setup -> train -> export to adapters/dit-<base>/<artist>/<run>/."""
     from hotstep_ray.calibration.after_train import check_calibrate
-    from hotstep_ray.training import dit, ray_dit
+    from hotstep_ray.training import dit, dit_data, ray_dit
 
-    options = build_options(variant, contract)
+    storage = Storage(data)
+    options = build_options(dit_data.pick_variant(storage, slug, variant), contract)
     check_calibrate(options)
     calibration = calibration_overrides(calibrate_scales, calibrate_seeds, calibrate_duration)
-    storage = Storage(data)
     settings = dit.DitSettings(
         dit_folder=dit_folder,
         checkpoints_dir=checkpoints,

@@ -387,6 +387,35 @@ class CacheShapes:
     condition_len: int
 
 
+def cached_variants(storage: Storage, slug: str) -> list[str]:
+    """Variant keys under `tensors/<slug>/` that hold at least one cached song, sorted."""
+    parent = f"tensors/{layout.check_name(slug, 'dataset slug')}"
+    return [
+        folder.rsplit("/", 1)[-1]
+        for folder in storage.list(parent)
+        if any(
+            key.endswith(".safetensors") and not key.rsplit("/", 1)[-1].startswith(".")
+            for key in storage.list(folder)
+        )
+    ]
+
+
+def pick_variant(storage: Storage, slug: str, variant: str | None) -> str:
+    """The tensor-cache variant to train on: the one asked for, else the dataset's only one.
+    Several caches are refused rather than guessed: each holds another DiT's conditions."""
+    if variant:
+        return variant
+    found = cached_variants(storage, slug)
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise InputError(
+            f"no tensor cache under {storage.url_of(f'tensors/{slug}')}: run "
+            f"`hotstep-ray preprocess {slug}` first"
+        )
+    raise InputError(f"{slug} has tensor caches for {', '.join(found)}: choose one with --variant")
+
+
 def scan_cache(storage: Storage, key: str) -> CacheShapes:
     meta = storage.read_json(f"{key}/{META_FILE}") if storage.exists(f"{key}/{META_FILE}") else {}
     repeats = _meta_repeats(meta)

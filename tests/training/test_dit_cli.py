@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import typer
 from test_dit_support import (  # noqa: F401  (fixtures)
     SLUG,
@@ -16,7 +17,9 @@ from typer.testing import CliRunner
 
 from hotstep_ray.cli.train_dit_cmd import app, build_options
 from hotstep_ray.core.contracts import TrainDitOptions
+from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
+from hotstep_ray.training import dit_data
 
 
 def test_every_contract_field_is_an_option() -> None:
@@ -44,7 +47,7 @@ def test_cli_trains_and_exports(tmp_path, tiny_dit_dir, single_thread) -> None:
     write_cache(storage)
     # `train-dit SLUG ...` is `train-dit run SLUG ...` (cli.common.RunByDefault)
     args = [SLUG, "--data", str(tmp_path / "data"), "--checkpoints", str(tiny_dit_dir)]
-    args += ["--variant", "turbo", "--no-ray", "--json", "--adapter-type", "lokr"]
+    args += ["--no-ray", "--json", "--adapter-type", "lokr"]  # the only cache: turbo
     args += ["--lokr-dim", "8", "--lokr-factor", "4", "--epochs", "3", "--crop-frames", "48"]
     args += ["--init-adapter", "", "--optimizer", "adamw", "--trigger", "zz", "--artist", "cli"]
     result = CliRunner().invoke(app, args)
@@ -58,3 +61,19 @@ def test_cli_trains_and_exports(tmp_path, tiny_dit_dir, single_thread) -> None:
     assert storage.exists(f"jobs/{summary['job']}/events.jsonl")
     bad = CliRunner().invoke(app, ["run", *args[:-2], "--artist", "cli", "--batch", "99"])
     assert bad.exit_code == 2 and "batch" in bad.output
+
+
+def test_the_variant_defaults_to_the_datasets_only_cache(tmp_path) -> None:
+    storage = Storage(tmp_path / "data")
+    with pytest.raises(InputError, match="no tensor cache .* preprocess band"):
+        dit_data.pick_variant(storage, SLUG, None)
+    write_cache(storage, variant="turbo")
+    storage.write_text(f"tensors/{SLUG}/empty/notes.txt", "no songs here")
+    assert dit_data.cached_variants(storage, SLUG) == ["turbo"]
+    assert dit_data.pick_variant(storage, SLUG, None) == "turbo"
+    write_cache(storage, variant="base")
+    with pytest.raises(InputError, match="base, turbo: choose one with --variant"):
+        dit_data.pick_variant(storage, SLUG, None)
+    assert dit_data.pick_variant(storage, SLUG, "base") == "base"
+    refused = CliRunner().invoke(app, [SLUG, "--data", str(tmp_path / "data"), "--no-ray"])
+    assert refused.exit_code == 2 and "choose one with --variant" in refused.output
