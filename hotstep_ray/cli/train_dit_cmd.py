@@ -108,7 +108,7 @@ def _run(
     variant: str | None = typer.Option(
         None,
         "--variant",
-        help="Tensor-cache variant key, e.g. turbo (default: the dataset's only one).",
+        help="Tensor-cache variant key, e.g. turbo (default: the newest one).",
     ),
     dit_folder: str | None = typer.Option(None, "--dit", help="Explicit DiT folder."),
     artist: str = typer.Option("", help="Adapter folder name (default: adapter name or slug)."),
@@ -141,6 +141,8 @@ def _run(
 
     storage = Storage(data)
     options = build_options(dit_data.pick_variant(storage, slug, variant), contract)
+    if not variant and not as_json:
+        console.print(f"  variant {options.variant_key} (the newest tensor cache of {slug})")
     check_calibrate(options)
     calibration = calibration_overrides(calibrate_scales, calibrate_seeds, calibrate_duration)
     settings = dit.DitSettings(

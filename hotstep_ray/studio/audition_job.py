@@ -104,11 +104,10 @@ def _sample_caption(samples: list[Any]) -> str:
 
 def _dit_name(storage: Storage, slug: str, variant_key: str, checkpoints_dir: str) -> str:
     """The DiT folder name the variant's tensors were made with (the adapter's base)."""
-    from hotstep_ray.studio.runners import newest_variant
     from hotstep_ray.training.dit import resolve_dit_folder
-    from hotstep_ray.training.dit_data import META_FILE
+    from hotstep_ray.training.dit_data import META_FILE, pick_variant
 
-    variant = variant_key or newest_variant(storage, slug)
+    variant = pick_variant(storage, slug, variant_key)
     meta_key = f"{layout.tensor_dir(slug, variant)}/{META_FILE}"
     meta = storage.read_json(meta_key) if storage.exists(meta_key) else {}
     return resolve_dit_folder(meta, variant, None, checkpoints_dir).name

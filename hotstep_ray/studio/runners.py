@@ -136,14 +136,13 @@ def train_dit(ctx: StageContext, entry: Callable[..., Any]) -> Any:
     `--ray` path runs it. Its rank-0 worker writes the events of a stage job of its own; a tail
     thread folds them into this job (that job becomes a child: listed under this one)."""
     from hotstep_ray.core.jobs import Job
-    from hotstep_ray.training import dit
+    from hotstep_ray.training import dit, dit_data
 
     _need_checkpoints(ctx)
     options: Any = ctx.options
     given = options.model_dump(exclude_unset=True)
     given.setdefault("adapter_name", ctx.slug)
-    if not given.get("variant_key"):
-        given["variant_key"] = newest_variant(ctx.storage, ctx.slug)
+    given["variant_key"] = dit_data.pick_variant(ctx.storage, ctx.slug, given.get("variant_key"))
     recipe = TrainDitOptions(**given)
     settings = dit.DitSettings(
         checkpoints_dir=ctx.checkpoints_dir,
@@ -165,16 +164,6 @@ def train_dit(ctx: StageContext, entry: Callable[..., Any]) -> Any:
         "epochsRun": log.get("epochs_run"),
         "bestMa5": log.get("best_loss"),
     }
-
-
-def newest_variant(storage: Storage, slug: str) -> str:
-    """The dataset's most recently written tensor-cache variant (what train-dit trains on when
-    the request names none)."""
-    parent = layout.tensor_dir(slug, "x").rsplit("/", 1)[0]
-    folders = [key for key in storage.list(parent) if storage.is_dir(key)]
-    if not folders:
-        raise InputError(f"dataset {slug!r} has no tensor cache yet: run preprocess first")
-    return max(folders, key=storage.mtime_ns).rsplit("/", 1)[-1]
 
 
 def audition(ctx: StageContext, entry: Callable[..., Any]) -> Any:

@@ -387,33 +387,37 @@ class CacheShapes:
     condition_len: int
 
 
-def cached_variants(storage: Storage, slug: str) -> list[str]:
-    """Variant keys under `tensors/<slug>/` that hold at least one cached song, sorted."""
-    parent = f"tensors/{layout.check_name(slug, 'dataset slug')}"
+def _cached_songs(storage: Storage, folder: str) -> list[str]:
     return [
-        folder.rsplit("/", 1)[-1]
-        for folder in storage.list(parent)
-        if any(
-            key.endswith(".safetensors") and not key.rsplit("/", 1)[-1].startswith(".")
-            for key in storage.list(folder)
-        )
+        key
+        for key in storage.list(folder)
+        if key.endswith(".safetensors") and not key.rsplit("/", 1)[-1].startswith(".")
     ]
 
 
-def pick_variant(storage: Storage, slug: str, variant: str | None) -> str:
-    """The tensor-cache variant to train on: the one asked for, else the dataset's only one.
-    Several caches are refused rather than guessed: each holds another DiT's conditions."""
+def cached_variants(storage: Storage, slug: str) -> list[str]:
+    """Variant keys under `tensors/<slug>/` that hold at least one cached song, sorted."""
+    parent = f"tensors/{layout.check_name(slug, 'dataset slug')}"
+    return [f.rsplit("/", 1)[-1] for f in storage.list(parent) if _cached_songs(storage, f)]
+
+
+def pick_variant(storage: Storage, slug: str, variant: str | None = None) -> str:
+    """The tensor-cache variant to train or render with: the one asked for, else the dataset's
+    most recently written one (by its newest song file: object stores give folders no time)."""
     if variant:
         return variant
-    found = cached_variants(storage, slug)
-    if len(found) == 1:
-        return found[0]
-    if not found:
+    parent = f"tensors/{layout.check_name(slug, 'dataset slug')}"
+    newest = {
+        folder.rsplit("/", 1)[-1]: max(storage.mtime_ns(key) for key in songs)
+        for folder in storage.list(parent)
+        if (songs := _cached_songs(storage, folder))
+    }
+    if not newest:
         raise InputError(
-            f"no tensor cache under {storage.url_of(f'tensors/{slug}')}: run "
+            f"dataset {slug!r} has no tensor cache under {storage.url_of(parent)}: run "
             f"`hotstep-ray preprocess {slug}` first"
         )
-    raise InputError(f"{slug} has tensor caches for {', '.join(found)}: choose one with --variant")
+    return max(sorted(newest), key=newest.__getitem__)
 
 
 def scan_cache(storage: Storage, key: str) -> CacheShapes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import typer
@@ -63,17 +64,18 @@ def test_cli_trains_and_exports(tmp_path, tiny_dit_dir, single_thread) -> None:
     assert bad.exit_code == 2 and "batch" in bad.output
 
 
-def test_the_variant_defaults_to_the_datasets_only_cache(tmp_path) -> None:
+def test_the_variant_defaults_to_the_newest_cache(tmp_path) -> None:
+    """As train-lm and the studio choose: the variant whose songs were written last."""
     storage = Storage(tmp_path / "data")
     with pytest.raises(InputError, match="no tensor cache .* preprocess band"):
         dit_data.pick_variant(storage, SLUG, None)
-    write_cache(storage, variant="turbo")
-    storage.write_text(f"tensors/{SLUG}/empty/notes.txt", "no songs here")
-    assert dit_data.cached_variants(storage, SLUG) == ["turbo"]
+    for variant, stamp in (("turbo", 2_000_000_000), ("base", 1_000_000_000)):
+        write_cache(storage, variant=variant)
+        for song in (tmp_path / "data" / "tensors" / SLUG / variant).glob("*.safetensors"):
+            os.utime(song, (stamp, stamp))
+    storage.write_text(f"tensors/{SLUG}/empty/notes.txt", "no songs here")  # newest, but no songs
+    assert dit_data.cached_variants(storage, SLUG) == ["base", "turbo"]
     assert dit_data.pick_variant(storage, SLUG, None) == "turbo"
-    write_cache(storage, variant="base")
-    with pytest.raises(InputError, match="base, turbo: choose one with --variant"):
-        dit_data.pick_variant(storage, SLUG, None)
     assert dit_data.pick_variant(storage, SLUG, "base") == "base"
-    refused = CliRunner().invoke(app, [SLUG, "--data", str(tmp_path / "data"), "--no-ray"])
-    assert refused.exit_code == 2 and "choose one with --variant" in refused.output
+    os.utime(next((tmp_path / "data/tensors" / SLUG / "base").glob("*.safetensors")), (3e9, 3e9))
+    assert dit_data.pick_variant(storage, SLUG, None) == "base"
