@@ -42,3 +42,10 @@ def test_a_slug_in_place_of_a_subcommand_means_run() -> None:
         assert shorthand.output == explicit.output and f"{group} run" in shorthand.output
     typo = CliRunner().invoke(app, ["train-dit", "--bogus"])
     assert typo.exit_code == 2 and "No such option" in typo.output  # options are not slugs
+    for group, near_miss in (
+        ("train-dit", "rnu"),
+        ("preprocess", "inpsect"),
+        ("label", "provders"),
+    ):
+        typo = CliRunner().invoke(app, [group, near_miss, "--data", "/nonexistent"])
+        assert typo.exit_code == 2 and "Did you mean" in typo.output, (group, typo.output)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
+from difflib import get_close_matches
 from typing import Any, TypeVar
 
 import typer
@@ -25,11 +26,16 @@ EXIT_USAGE = 2
 class RunByDefault(typer.core.TyperGroup):
     """A stage's command group in which a dataset slug in place of a subcommand means `run`:
     `hotstep-ray train-dit SLUG --variant turbo` is `hotstep-ray train-dit run SLUG --variant
-    turbo`. A subcommand's own name (`run`, `inspect`, ...) keeps its meaning."""
+    turbo`. A subcommand's own name (`run`, `inspect`, ...) keeps its meaning, and so does a
+    near-miss of one (typer then says "No such command 'rnu'. Did you mean 'run'?"): a dataset
+    named like that ("runner") takes the explicit `run SLUG`."""
 
     def resolve_command(self, ctx, args):
-        if args and "run" in self.commands and args[0] not in self.commands:
-            if not args[0].startswith("-"):
+        first = args[0] if args else ""
+        if "run" in self.commands and first and first not in self.commands:
+            # an option, or a near-miss of a subcommand's name ("rnu", "inpsect"), keeps
+            # typer's own error with its "Did you mean" hint
+            if not first.startswith("-") and not get_close_matches(first, list(self.commands)):
                 args = ["run", *args]
         return super().resolve_command(ctx, args)
 

@@ -199,6 +199,7 @@ def _run(
                     options, storage, outcome.run_key, dit_folder, job.events, calibration
                 )
     summary.update(
+        variant=options.variant_key,
         stop_reason=log.get("stop_reason"),
         epochs_run=log.get("epochs_run"),
         best_ma5=log.get("best_loss"),

@@ -115,6 +115,8 @@ def tensor_dir(slug: str, variant_key: str) -> str:
 
 
 PREPROCESS_META_FILE = "preprocess_meta.json"  # in a tensor dir: what preprocess wrote, per sample
+# The manifest of an MM3 cache (`tensors/<slug>/mm3-...`): its songs are no ACE-Step DiT's input.
+MM3_CACHE_MANIFEST = "mm3_cache.json"
 
 
 def preprocess_meta(tensors_dir: str) -> str:

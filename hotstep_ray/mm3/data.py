@@ -26,11 +26,12 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
+from hotstep_ray.core import layout
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
 
 FORMAT = "hotstep-ray-mm3-cache-v1"
-MANIFEST = "mm3_cache.json"
+MANIFEST = layout.MM3_CACHE_MANIFEST
 MAX_REDRAWS = 1000
 CropMode = Literal["random", "beginning"]
 

@@ -395,10 +395,23 @@ def _cached_songs(storage: Storage, folder: str) -> list[str]:
     ]
 
 
-def cached_variants(storage: Storage, slug: str) -> list[str]:
-    """Variant keys under `tensors/<slug>/` that hold at least one cached song, sorted."""
+def _variant_folders(storage: Storage, slug: str) -> dict[str, list[str]]:
+    """{variant: its song keys} for the ACE-Step caches under `tensors/<slug>/`: folders with at
+    least one song, not hidden, not an MM3 cache (another model's tensors)."""
     parent = f"tensors/{layout.check_name(slug, 'dataset slug')}"
-    return [f.rsplit("/", 1)[-1] for f in storage.list(parent) if _cached_songs(storage, f)]
+    found = {}
+    for folder in storage.list(parent):
+        name = folder.rsplit("/", 1)[-1]
+        if name.startswith(".") or storage.exists(f"{folder}/{layout.MM3_CACHE_MANIFEST}"):
+            continue
+        if songs := _cached_songs(storage, folder):
+            found[name] = songs
+    return found
+
+
+def cached_variants(storage: Storage, slug: str) -> list[str]:
+    """Variant keys of the dataset's ACE-Step tensor caches, sorted."""
+    return sorted(_variant_folders(storage, slug))
 
 
 def pick_variant(storage: Storage, slug: str, variant: str | None = None) -> str:
@@ -406,16 +419,14 @@ def pick_variant(storage: Storage, slug: str, variant: str | None = None) -> str
     most recently written one (by its newest song file: object stores give folders no time)."""
     if variant:
         return variant
-    parent = f"tensors/{layout.check_name(slug, 'dataset slug')}"
     newest = {
-        folder.rsplit("/", 1)[-1]: max(storage.mtime_ns(key) for key in songs)
-        for folder in storage.list(parent)
-        if (songs := _cached_songs(storage, folder))
+        name: max(storage.mtime_ns(key) for key in songs)
+        for name, songs in _variant_folders(storage, slug).items()
     }
     if not newest:
         raise InputError(
-            f"dataset {slug!r} has no tensor cache under {storage.url_of(parent)}: run "
-            f"`hotstep-ray preprocess {slug}` first"
+            f"dataset {slug!r} has no tensor cache under {storage.url_of(f'tensors/{slug}')}: "
+            f"run `hotstep-ray preprocess {slug}` first"
         )
     return max(sorted(newest), key=newest.__getitem__)
 

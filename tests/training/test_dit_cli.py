@@ -55,6 +55,7 @@ def test_cli_trains_and_exports(tmp_path, tiny_dit_dir, single_thread) -> None:
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output[result.output.index("{") :])
     assert summary["stop_reason"] == "epochs" and summary["epochs_run"] == 3
+    assert summary["variant"] == "turbo"  # chosen: the only cache
     run_key = storage.key_of(summary["run"])
     assert run_key.startswith("adapters/dit-turbo/cli/")
     assert storage.exists(f"{run_key}/lokr_weights.safetensors")
@@ -74,6 +75,16 @@ def test_the_variant_defaults_to_the_newest_cache(tmp_path) -> None:
         for song in (tmp_path / "data" / "tensors" / SLUG / variant).glob("*.safetensors"):
             os.utime(song, (stamp, stamp))
     storage.write_text(f"tensors/{SLUG}/empty/notes.txt", "no songs here")  # newest, but no songs
+    for other in (".old", "mm3-sampled-s42"):  # hidden; another model's cache (newer still)
+        write_cache(storage, variant="turbo")
+        source = tmp_path / "data" / "tensors" / SLUG / "turbo"
+        (source.parent / other).mkdir()
+        for song in source.glob("*.safetensors"):
+            (source.parent / other / song.name).write_bytes(song.read_bytes())
+            os.utime(source.parent / other / song.name, (4e9, 4e9))  # the newest songs
+    storage.write_json(f"tensors/{SLUG}/mm3-sampled-s42/mm3_cache.json", {"kind": "mm3"})
+    for song in (tmp_path / "data" / "tensors" / SLUG / "turbo").glob("*.safetensors"):
+        os.utime(song, (2_000_000_000, 2_000_000_000))
     assert dit_data.cached_variants(storage, SLUG) == ["base", "turbo"]
     assert dit_data.pick_variant(storage, SLUG, None) == "turbo"
     assert dit_data.pick_variant(storage, SLUG, "base") == "base"
