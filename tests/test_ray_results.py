@@ -9,7 +9,8 @@ from hotstep_ray.distributed.ray_results import results_location
 
 
 def test_a_local_root_gets_a_created_folder_and_no_filesystem(tmp_path) -> None:
-    path, filesystem = results_location(Storage(tmp_path / "data"))
+    location = results_location(Storage(tmp_path / "data"))
+    path, filesystem = location["storage_path"], location["storage_filesystem"]
     assert path == str(tmp_path / "data" / "ray_results") and os.path.isdir(path)
     assert filesystem is None
 
@@ -21,7 +22,8 @@ def test_a_remote_root_hands_ray_its_own_filesystem() -> None:
         secret="s",
         client_kwargs={"endpoint_url": "http://127.0.0.1:9"},
     )
-    path, filesystem = results_location(storage, "ray_results/")
+    location = results_location(storage, "ray_results/")
+    path, filesystem = location["storage_path"], location["storage_filesystem"]
     assert path == "bucket/prefix/ray_results"  # inside the filesystem: no scheme
     assert filesystem.type_name.startswith("py::fsspec")  # pyarrow over the root's own s3fs
     assert filesystem.handler.fs is storage.fs  # same keys and endpoint as every stage

@@ -23,14 +23,17 @@ from hotstep_ray.core.storage import Storage
 RESULTS_DIR = "ray_results"
 
 
-def results_location(storage: Storage, subdir: str = RESULTS_DIR) -> tuple[str, Any]:
-    """(storage_path, storage_filesystem) for `ray.train.RunConfig`: a local folder (created) and
-    None, or a remote root's path inside its own filesystem and that filesystem for pyarrow."""
+def results_location(storage: Storage, subdir: str = RESULTS_DIR) -> dict[str, Any]:
+    """`storage_path` and `storage_filesystem` for `ray.train.RunConfig(**...)`: a local folder
+    (created) and None, or a remote root's path inside its own filesystem and that filesystem
+    for pyarrow."""
     if storage.is_local:
         path = storage.url_of(subdir)
         os.makedirs(path, exist_ok=True)
-        return path, None
+        return {"storage_path": path, "storage_filesystem": None}
     from pyarrow import fs
 
-    path = f"{storage.root_path}/{subdir.strip('/')}"
-    return path, fs.PyFileSystem(fs.FSSpecHandler(storage.fs))
+    return {
+        "storage_path": f"{storage.root_path}/{subdir.strip('/')}",
+        "storage_filesystem": fs.PyFileSystem(fs.FSSpecHandler(storage.fs)),
+    }

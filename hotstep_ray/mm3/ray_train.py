@@ -99,7 +99,6 @@ def train_mm3_on_ray(
     artist = layout.check_name(options.adapter_name or slug, "adapter name")
     run_key = layout.new_run_dir(storage, train.ADAPTER_BASE, artist)
     run_name = "mm3-train-dit-" + run_key.rsplit("/", 1)[-1]
-    results_path, results_fs = results_location(storage)
     trainer = TorchTrainer(
         _worker,
         train_loop_config={
@@ -118,8 +117,7 @@ def train_mm3_on_ray(
         ),
         run_config=RunConfig(
             name=run_name,
-            storage_path=results_path,
-            storage_filesystem=results_fs,
+            **results_location(storage),
             failure_config=FailureConfig(max_failures=max_failures),
         ),
     )

@@ -237,7 +237,8 @@ KRON_MERGED_MIN_TOKENS = 1024
 # attention projections and of gate/up, x of down, 24 blocks). Measured on the H200 (BENCHMARKS,
 # thirteenth run): 2B LoKR 512 at batch 2 150.4-150.6 ms fused against 158.8 ms with the torch mix
 # (LoRA r64 155.0-157.6); the kernel alone 2.1-3.7x faster than kernel + separate mix at the 2B's
-# shapes; its bf16 self-checks passed at the 2B's and XL's shapes (XL's in the XL step rows). `dit_bench --no-fused-mix` is the A/B.
+# shapes; its bf16 self-checks passed at the 2B's and XL's shapes (XL's in the XL step rows).
+# `dit_bench --no-fused-mix` is the A/B.
 FUSED_MIX = True
 
 

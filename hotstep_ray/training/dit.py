@@ -90,7 +90,6 @@ class DitSettings:
     vram_budget_gb: float | None = None  # None: CUDA free memory - reserve; CPU unlimited
     device: str | None = None  # None: cuda if available else cpu
     window_rule: str = "sdpa"  # sliding-window convention (models.acestep_wrappers)
-    compile: str | None = None  # None: options.compile; else overrides it (compile_mode)
     # Run an optimizer window's micro-batches as fewer, larger ones when memory allows
     # (`dit_vram.fold_factor`; same draws, same loss): auto = on CUDA, off on the CPU.
     fold_accum: str = "auto"  # FOLD_MODES
@@ -342,7 +341,7 @@ def prepare(
     dims = dit_vram.DitDims.from_config(models.config)
 
     # size the run to the GPU (compiled blocks keep fewer activations), then build the adapter
-    mode = compile_mode(settings.compile or options.compile, device)
+    mode = compile_mode(options.compile, device)
     spec = adapter_spec(options, settings, dims)
     fit = dit_vram.fit(
         dims,
@@ -423,7 +422,7 @@ def prepare(
         events=events if settings.rank == 0 else None,
         params=[param for _, param in trainable],
     )
-    mode = compiling.with_graphs(settings.compile or options.compile, mode, fit.ckpt_layers)
+    mode = compiling.with_graphs(options.compile, mode, fit.ckpt_layers)
     if mode != "off":
         compile_blocks(models.transformer, mode)
         _log(

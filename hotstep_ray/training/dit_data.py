@@ -395,9 +395,9 @@ def _cached_songs(storage: Storage, folder: str) -> list[str]:
     ]
 
 
-def _variant_folders(storage: Storage, slug: str) -> dict[str, list[str]]:
-    """{variant: its song keys} for the ACE-Step caches under `tensors/<slug>/`: folders with at
-    least one song, not hidden, not an MM3 cache (another model's tensors)."""
+def cached_variants(storage: Storage, slug: str) -> dict[str, list[str]]:
+    """{variant: its song keys} for the dataset's ACE-Step caches under `tensors/<slug>/`:
+    folders with at least one song, not hidden, not an MM3 cache (another model's tensors)."""
     parent = f"tensors/{layout.check_name(slug, 'dataset slug')}"
     found = {}
     for folder in storage.list(parent):
@@ -409,11 +409,6 @@ def _variant_folders(storage: Storage, slug: str) -> dict[str, list[str]]:
     return found
 
 
-def cached_variants(storage: Storage, slug: str) -> list[str]:
-    """Variant keys of the dataset's ACE-Step tensor caches, sorted."""
-    return sorted(_variant_folders(storage, slug))
-
-
 def pick_variant(storage: Storage, slug: str, variant: str | None = None) -> str:
     """The tensor-cache variant to train or render with: the one asked for, else the dataset's
     most recently written one (by its newest song file: object stores give folders no time)."""
@@ -421,7 +416,7 @@ def pick_variant(storage: Storage, slug: str, variant: str | None = None) -> str
         return variant
     newest = {
         name: max(storage.mtime_ns(key) for key in songs)
-        for name, songs in _variant_folders(storage, slug).items()
+        for name, songs in cached_variants(storage, slug).items()
     }
     if not newest:
         raise InputError(

@@ -18,8 +18,8 @@ Measured (H200, 2B, 240 s, batch 1, `dit_bench --flat-grads/--no-flat-grads`, tw
 run): the graph-replayed step did not change beyond its spread (LoKR 512 94.98 vs 91.93 ms,
 LoRA r64 93.85 vs 93.35). The replayed graph had already removed the per-tensor launches; the
 host time above was the synchronised phase's (LoKR: 5.6 ms with lists at batch 1, 1.06 ms flat
-at batch 2). What the buffer keeps
-is a short clip wherever steps are not graph-replayed, and one all-reduce per buffer.
+at batch 2). What the buffer keeps is a short clip wherever steps are not graph-replayed, and
+one all-reduce per buffer.
 """
 
 from __future__ import annotations

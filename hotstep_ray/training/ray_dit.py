@@ -157,7 +157,6 @@ def train_dit_on_ray(
     run_name = "train-dit-" + run_key.rsplit("/", 1)[-1]
     worker_settings = {**asdict(settings), "run_key": run_key, "dit_folder": str(folder)}
     worker_settings["zero_groups"] = list(settings.zero_groups)
-    results_path, results_fs = results_location(storage)
     trainer = TorchTrainer(
         _worker,
         train_loop_config={
@@ -175,8 +174,7 @@ def train_dit_on_ray(
         ),
         run_config=RunConfig(
             name=run_name,
-            storage_path=results_path,
-            storage_filesystem=results_fs,
+            **results_location(storage),
             failure_config=FailureConfig(max_failures=max_failures),
         ),
     )

@@ -149,7 +149,6 @@ def run_lm_on_ray(
         resources = worker_resources(estimate.total, spec.engine.vram_reserve_gib, cluster)
     else:
         resources = {"CPU": 1}
-    results, results_fs = results_location(storage)
     name = spec.run_key.replace("/", "_")
     trainer = TorchTrainer(
         _train_loop,
@@ -165,8 +164,7 @@ def run_lm_on_ray(
         ),
         run_config=RunConfig(
             name=name,
-            storage_path=results,
-            storage_filesystem=results_fs,
+            **results_location(storage),
             failure_config=FailureConfig(max_failures=max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
         ),

@@ -121,7 +121,7 @@ def test_a_killed_worker_resumes_from_the_last_checkpoint_on_s3(
     assert result.log["resumes"] == [{"step": 4, "epoch": 3}]
     assert result.log["epochs_run"] == 3
     # Ray's own state sits under the root, in the bucket folder rclone serves
-    path, _ = results_location(storage)
+    path = results_location(storage)["storage_path"]
     assert path == f"{s3_server.bucket}/ray-train/ray_results"
     assert result.checkpoint_path and result.checkpoint_path.startswith(path + "/")
     run_dir = s3_server.on_disk(storage.url_of(f"ray_results/{result.run_name}"))
