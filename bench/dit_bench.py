@@ -114,6 +114,12 @@ def parse_args() -> argparse.Namespace:
         help="LoKR: the factored path beside the base Linear, or one Linear on W + ΔW",
     )
     parser.add_argument(
+        "--kron-merged-min-tokens",
+        type=int,
+        default=adapters.KRON_MERGED_MIN_TOKENS,
+        help="LoKR: rows of a Linear's input below which the merged forward runs factored",
+    )
+    parser.add_argument(
         "--fused-mix",
         default=adapters.FUSED_MIX,
         action=argparse.BooleanOptionalAction,
@@ -156,6 +162,17 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--profile-top", type=int, default=12, help="kernels listed by time in a profile"
+    )
+    parser.add_argument(
+        "--guards-ab",
+        action="store_true",
+        help="after the timed steps, time them again with Dynamo's guards skipped "
+        "(skip_guard_eval_unsafe): the guards' host share of a step",
+    )
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="with --profile: a gzipped Chrome trace (host + GPU) of two steps beside --out",
     )
     parser.add_argument("--tiny", action="store_true", help="tiny model (dry run of the script)")
     parser.add_argument("--device", default="cuda")
@@ -339,6 +356,19 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
         finite = finite and result.finite
         losses.append(result.loss)
     median = statistics.median(times)
+    unguarded = []
+    if args.guards_ab:
+        # The same steps with Dynamo evaluating only the guards that tell its cached graphs apart
+        # (every graph this row needs was compiled in the warm-up): the host time the guards take
+        # per step, which a small GPU step cannot hide. A measurement only: the trainer keeps
+        # every guard (a new shape under this stance would run a wrong graph).
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+            for _ in range(args.steps):
+                started = time.perf_counter()
+                result = dit.optimizer_step(run, window, upcoming)
+                synchronize(device)
+                unguarded.append((time.perf_counter() - started) * 1000)
+                finite = finite and result.finite
     flops = dit_vram.step_flops(
         run.dims,
         run.spec,
@@ -366,6 +396,9 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
         # which LoKR kernels passed their self-checks in this process (empty for LoRA / CPU)
         "lokr_kernels": kron_kernels.verdicts(),
     }
+    if unguarded:
+        row["step_ms_skip_guards"] = round(statistics.median(unguarded), 2)
+        row["step_ms_skip_guards_all"] = [round(t, 2) for t in unguarded]
     if device.type == "cuda":
         row["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / GIB, 2)
         # CUDA-graph pools (compile mode reduce-overhead) are reserved, not always "allocated"
@@ -523,6 +556,55 @@ def cpu_profile(run: dit.DitRun) -> dict[str, Any]:
     return {e.key[:70]: [e.count, round(e.self_cpu_time_total / 1000, 2)] for e in rows}
 
 
+def covered(spans: list[tuple[float, float]]) -> float:
+    """Length of the union of (start, end) intervals sorted by start: the GPU's busy time when
+    kernels of two streams overlap."""
+    total, reach = 0.0, float("-inf")
+    for start, end in spans:
+        total += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    return total
+
+
+def trace_steps(run: dit.DitRun, path: Path, steps: int = 2) -> dict[str, Any]:
+    """A host + GPU timeline of `steps` steps, written as a gzipped Chrome trace to `path`, and
+    its summary: wall time, the union of GPU kernel time, and the GPU's idle share of the span
+    (a host-bound step leaves the GPU waiting between its kernels)."""
+    import gzip
+    import shutil
+
+    from torch.profiler import ProfilerActivity, profile
+
+    window = [tuple(range(run.fit.batch))]
+    synchronize(run.device)
+    started = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            dit.optimizer_step(run, window)
+        synchronize(run.device)
+    wall_ms = (time.perf_counter() - started) * 1000
+    spans = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type.name == "CUDA"
+    )
+    busy_us = covered(spans)
+    span_us = (spans[-1][1] - spans[0][0]) if spans else 0.0
+    raw = path.with_suffix("")  # .json.gz -> .json
+    prof.export_chrome_trace(str(raw))
+    with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
+    return {
+        "steps": steps,
+        "wall_ms": round(wall_ms, 2),
+        "gpu_busy_ms": round(busy_us / 1000, 2),
+        "gpu_span_ms": round(span_us / 1000, 2),
+        "gpu_idle_share": round(1 - busy_us / span_us, 3) if span_us else None,
+        "file": path.name,
+    }
+
+
 def fits(run: dit.DitRun, crop: int, batch: int, ckpt: str) -> bool:
     if run.device.type != "cuda":
         return True
@@ -551,7 +633,9 @@ class Report:
         keys = ("model", "adapter", "compile", "attention", "crop", "batch")
         shown = {k: row.get(k) for k in keys}
         measured = ("step_ms", "audio_s_per_s", "mfu", "peak_gib", "peak_reserved_gib")
-        numbers = {k: row[k] for k in (*measured, "optimizer_ms") if k in row}
+        numbers = {
+            k: row[k] for k in (*measured, "optimizer_ms", "step_ms_skip_guards") if k in row
+        }
         print(json.dumps({**shown, **numbers, "error": row.get("error", "")[:200]}), flush=True)
         self.write()
 
@@ -618,6 +702,7 @@ def main() -> int:
     args = parse_args()
     adapters.KRON_MIX = args.kron_mix  # before any LoKR forward (and before compiling)
     adapters.KRON_FORWARD = args.kron_forward
+    adapters.KRON_MERGED_MIN_TOKENS = args.kron_merged_min_tokens
     dit.FLAT_GRADS = args.flat_grads
     adapters.FUSED_MIX = args.fused_mix
     # No global TF32 switch: the bench runs the trainer's own precision settings (the product
@@ -702,6 +787,11 @@ def main() -> int:
                                     row["profile"].update(profile_step(run, args.profile_top))
                                     report.write()
                                     row["profile"]["cpu_top"] = cpu_profile(run)
+                                    if args.trace:
+                                        report.write()
+                                        name = f"{args.out.stem}-{adapter}-{crop}x{batch}"
+                                        trace = args.out.parent / f"{name}.trace.json.gz"
+                                        row["profile"]["trace"] = trace_steps(run, trace)
                             except Exception as exc:  # the timing row stands without it
                                 row["profile"]["error"] = repr(exc)[:300]
                             report.write()

@@ -46,9 +46,39 @@ def test_bench_dit_runs_the_trainers_step_and_writes_rows(tmp_path):
     assert [row["crop"] for row in rows] == [32, 64]  # the tiny model's two crops
     assert all(row["step_ms"] > 0 and row["finite"] for row in rows)
     timed = tmp_path / "timed.json"
-    result = runner.invoke(app, [*args[:-1], str(timed), "--optimizer-time"])
+    result = runner.invoke(app, [*args[:-1], str(timed), "--optimizer-time", "--guards-ab"])
     assert result.exit_code == 0, result.output
-    assert all(row["optimizer_ms"] > 0 for row in json.loads(timed.read_text())["rows"])
+    for row in json.loads(timed.read_text())["rows"]:
+        assert row["optimizer_ms"] > 0
+        # the guard A/B times the same number of steps again, under Dynamo's skip stance
+        assert len(row["step_ms_skip_guards_all"]) == 1 and row["step_ms_skip_guards"] > 0
+
+
+def test_bench_trace_writes_a_chrome_trace_and_its_gpu_summary(tmp_path):
+    """`--trace`: two steps' host + GPU timeline as a gzipped Chrome trace; the GPU's busy time is
+    the union of kernel intervals (two streams may overlap), so its idle share is never negative."""
+    import argparse
+    import gzip
+
+    from hotstep_ray.core.storage import Storage
+
+    dit_bench = _load_bench("dit")
+    assert dit_bench.covered([(0, 4), (2, 6), (10, 11)]) == 7  # overlap counted once, gap not
+    assert dit_bench.covered([(0, 10), (2, 3)]) == 10  # a kernel inside another
+    assert dit_bench.covered([]) == 0
+    args = argparse.Namespace(
+        device="cpu", tiny=True, crops="32", ckpt="off", optimizer="muon", muon_ns_precision="auto"
+    )
+    run = dit_bench.build_group(args, "2b", "lora64", "none", "sdpa", Storage(str(tmp_path)))
+    dit_bench.configure(run, 32, 1, "off")
+    step_before = run.state.step
+    summary = dit_bench.trace_steps(run, tmp_path / "t.trace.json.gz")
+    assert run.state.step == step_before + 2
+    assert summary["steps"] == 2 and summary["wall_ms"] > 0 and summary["file"] == "t.trace.json.gz"
+    assert summary["gpu_busy_ms"] == 0 and summary["gpu_idle_share"] is None  # no GPU here
+    events = json.loads(gzip.open(tmp_path / "t.trace.json.gz").read())["traceEvents"]
+    assert sum(e.get("name", "").startswith("Optimizer.step") for e in events) == 2
+    assert not (tmp_path / "t.trace.json").exists()  # only the gzipped copy is kept
 
 
 def _load_bench(name: str):

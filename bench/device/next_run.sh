@@ -1,25 +1,33 @@
 #!/bin/bash
-# First call of the next session (issue 6), ~9 min, carry [".device_wheels"]. Session 11 put LoKR
-# 512 level with LoRA r64 at 6000 frames, batch 1, and 3% ahead at batch 2 (the fused backward,
-# run_s11a/b/e.sh). On 750-frame crops at batch 8 LoKR ran 95.13 ms (run_s11f.sh) against LoRA's
-# 83.48 ms from session 9: across sessions, so this call measures the pairs on one machine.
-# 2B, compiled blocks + CUDA graphs, Muon's default, each row in its own process (new shapes
-# compile for ~70-100 s on a warm cache, ~150 s on a fresh machine):
-#   750 x 8 (LoKR, LoRA), 1500 x 4 (LoRA; LoKR had 82.42 ms), the recipe's default path (crop
-#   1248, batch 1, grad_accum 4 folded: LoKR 79.13 ms in session 9, LoRA never measured).
+# First call of the next session (issue 6), ~7 min, carry [".device_wheels"] (build the kit
+# first in a fresh checkout: bash bench/device/make_wheels.sh). Session 12 left
+# one gap: at batch 1 on 750- and 1500-frame crops LoKR 512 trails LoRA r64 by 10-15 ms
+# (run_s12b/c/e.sh), with the same GPU kernel time per step (32.3 ms) and a host-bound step.
+# The timeline (run_s12f.sh) puts the difference in the forward's host time per block: Dynamo's
+# cache lookup (guard evaluation) 391 against 162 us, the compiled call 553 against 365 us.
+# Each row: 750 x 1, the timed steps then the same steps with the guards skipped
+# (`--guards-ab`, a measurement only), with Dynamo's guard and recompile logs kept in $OUT (how
+# many guards each adapter's block carries on CUDA, and whether anything recompiles).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .device_wheels/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 row() {  # name timeout args...
   local name=$1 limit=$2; shift 2
-  # a row killed by `timeout` may leave compile workers or a dying process on the GPU: clear them
   pkill -9 -f "bench/dit_bench.py|compile_worker" 2>/dev/null; sleep 2
-  echo "$name: GPU apps before: $(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | tr '\n' ' ')"
-  timeout $limit python3 bench/dit_bench.py --compile reduce-overhead --models 2b --steps 12 --warmup 3 --optimizer-time "$@" --time-budget-s $((limit - 8)) --out $OUT/$name.json > /tmp/$name.log 2>&1
+  TORCH_LOGS=guards,recompiles timeout $limit python3 bench/dit_bench.py --compile reduce-overhead --models 2b --steps 12 --warmup 3 --crops 750 --batches 1 --guards-ab "$@" --time-budget-s $((limit - 8)) --out $OUT/$name.json > /tmp/$name.log 2>&1
   echo "$name rc=$? $(grep -h '"step_ms"\|"error": "[^"]' /tmp/$name.log | head -1 | cut -c1-330)"
+  # the guard dumps: how many guards of each kind, per compiled graph
+  python3 - /tmp/$name.log > $OUT/$name.guards.txt <<'PY'
+import collections, re, sys
+text = open(sys.argv[1], errors="replace").read()
+dumps = text.split("GUARDS:")[1:]
+print("graphs compiled:", len(dumps), "recompile lines:", text.count("Recompiling"))
+for dump in dumps:
+    kinds = collections.Counter(re.findall(r"\+- (\w+):", dump))
+    print(sum(kinds.values()), dict(kinds.most_common(12)))
+PY
+  gzip -c /tmp/$name.log > $OUT/$name.log.gz
 }
-row lokr_750_b8 160 --adapters lokr512 --crops 750 --batches 8
-row lora_750_b8 105 --adapters lora64 --crops 750 --batches 8
-row lora_1500_b4 105 --adapters lora64 --crops 1500 --batches 4
-row lora_recipe 105 --adapters lora64 --crops 1248 --batches 1 --grad-accum 4 --fold 4
-row lokr_recipe 90 --adapters lokr512 --crops 1248 --batches 1 --grad-accum 4 --fold 4
+row lokr_750_b1_guards 170 --adapters lokr512
+row lora_750_b1_guards 150 --adapters lora64
+cat $OUT/*.guards.txt
