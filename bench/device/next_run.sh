@@ -5,6 +5,8 @@
 # (run_s12b/c/e.sh), with the same GPU kernel time per step (32.3 ms) and a host-bound step.
 # The timeline (run_s12f.sh) puts the difference in the forward's host time per block: Dynamo's
 # cache lookup (guard evaluation) 391 against 162 us, the compiled call 553 against 365 us.
+# Since then a LoKR block carries fewer guards (KronLinear.forward no longer reads peft's
+# `_available_adapters`; tiny block 1720 -> 1409 guards, LoRA 1446): the LoKR row measures that.
 # Each row: 750 x 1, the timed steps then the same steps with the guards skipped
 # (`--guards-ab`, a measurement only), with Dynamo's guard and recompile logs kept in $OUT (how
 # many guards each adapter's block carries on CUDA, and whether anything recompiles).

@@ -429,7 +429,10 @@ class KronLinear(PeftLoKrLinear):
         ours; LyCORIS has none) the coin says "apply" (bar rand == 0.0 exactly), so this is the
         same math as one straight-line graph. Disabled, merged or module-dropout layers keep
         peft's forward."""
-        active = [name for name in self.active_adapters if name in self._available_adapters]
+        # Every LoKR adapter of this layer has a w1, whole or as its two factors: asking those
+        # two dicts (not peft's `_available_adapters`, the union of all seven) keeps Dynamo's
+        # guards on the other five out of every compiled block's cache lookup.
+        active = [n for n in self.active_adapters if n in self.lokr_w1 or n in self.lokr_w1_a]
         if self.disable_adapters or self.merged or any(self.module_dropout[n] for n in active):
             return super().forward(x, *args, **kwargs)
         if len(active) == 1 and not args and not kwargs:
