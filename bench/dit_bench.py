@@ -356,19 +356,22 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
         finite = finite and result.finite
         losses.append(result.loss)
     median = statistics.median(times)
-    unguarded = []
+    ab: dict[bool, list[float]] = {False: [], True: []}  # guards skipped -> step times
     if args.guards_ab:
-        # The same steps with Dynamo evaluating only the guards that tell its cached graphs apart
-        # (every graph this row needs was compiled in the warm-up): the host time the guards take
-        # per step, which a small GPU step cannot hide. A measurement only: the trainer keeps
-        # every guard (a new shape under this stance would run a wrong graph).
-        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-            for _ in range(args.steps):
-                started = time.perf_counter()
-                result = dit.optimizer_step(run, window, upcoming)
-                synchronize(device)
-                unguarded.append((time.perf_counter() - started) * 1000)
-                finite = finite and result.finite
+        # The same steps, alternately with every guard and with Dynamo evaluating only those
+        # that tell its cached graphs apart (every graph this row needs was compiled in the
+        # warm-up), so drift and jitter fall on both: the host time the guards take per step,
+        # which a small GPU step cannot hide. A measurement only: the trainer keeps every guard
+        # (a new shape under the skipping stance would run a wrong graph). The adapter and the
+        # optimizer come back as they were, as after the other extra measurements.
+        with unchanged(run):
+            for i in range(2 * args.steps):
+                skip = i % 2 == 1
+                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=skip):
+                    started = time.perf_counter()
+                    dit.optimizer_step(run, window, upcoming)
+                    synchronize(device)
+                ab[skip].append((time.perf_counter() - started) * 1000)
     flops = dit_vram.step_flops(
         run.dims,
         run.spec,
@@ -396,9 +399,10 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
         # which LoKR kernels passed their self-checks in this process (empty for LoRA / CPU)
         "lokr_kernels": kron_kernels.verdicts(),
     }
-    if unguarded:
-        row["step_ms_skip_guards"] = round(statistics.median(unguarded), 2)
-        row["step_ms_skip_guards_all"] = [round(t, 2) for t in unguarded]
+    if ab[True]:
+        row["step_ms_ab_guarded"] = round(statistics.median(ab[False]), 2)
+        row["step_ms_skip_guards"] = round(statistics.median(ab[True]), 2)
+        row["step_ms_skip_guards_all"] = [round(t, 2) for t in ab[True]]
     if device.type == "cuda":
         row["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / GIB, 2)
         # CUDA-graph pools (compile mode reduce-overhead) are reserved, not always "allocated"
@@ -566,6 +570,18 @@ def covered(spans: list[tuple[float, float]]) -> float:
     return total
 
 
+def gpu_spans(events: Any) -> list[tuple[float, float]]:
+    """(start, end) of the GPU's own work among profiler events, sorted: kernels, copies and
+    memsets. A profile that records the host too puts its `record_function` labels (e.g.
+    `Optimizer.step#Muon.step`) on the GPU timeline as well, spanning the idle gaps between
+    the kernels they launched: those are not work."""
+    return sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in events
+        if e.device_type.name == "CUDA" and not getattr(e, "is_user_annotation", False)
+    )
+
+
 def trace_steps(run: dit.DitRun, path: Path, steps: int = 2) -> dict[str, Any]:
     """A host + GPU timeline of `steps` steps, written as a gzipped Chrome trace to `path`, and
     its summary: wall time, the union of GPU kernel time, and the GPU's idle share of the span
@@ -583,11 +599,7 @@ def trace_steps(run: dit.DitRun, path: Path, steps: int = 2) -> dict[str, Any]:
             dit.optimizer_step(run, window)
         synchronize(run.device)
     wall_ms = (time.perf_counter() - started) * 1000
-    spans = sorted(
-        (e.time_range.start, e.time_range.end)
-        for e in prof.events()
-        if e.device_type.name == "CUDA"
-    )
+    spans = gpu_spans(prof.events())
     busy_us = covered(spans)
     span_us = (spans[-1][1] - spans[0][0]) if spans else 0.0
     raw = path.with_suffix("")  # .json.gz -> .json
@@ -633,9 +645,8 @@ class Report:
         keys = ("model", "adapter", "compile", "attention", "crop", "batch")
         shown = {k: row.get(k) for k in keys}
         measured = ("step_ms", "audio_s_per_s", "mfu", "peak_gib", "peak_reserved_gib")
-        numbers = {
-            k: row[k] for k in (*measured, "optimizer_ms", "step_ms_skip_guards") if k in row
-        }
+        extra = ("optimizer_ms", "step_ms_ab_guarded", "step_ms_skip_guards")
+        numbers = {k: row[k] for k in (*measured, *extra) if k in row}
         print(json.dumps({**shown, **numbers, "error": row.get("error", "")[:200]}), flush=True)
         self.write()
 
@@ -789,7 +800,10 @@ def main() -> int:
                                     row["profile"]["cpu_top"] = cpu_profile(run)
                                     if args.trace:
                                         report.write()
-                                        name = f"{args.out.stem}-{adapter}-{crop}x{batch}"
+                                        name = "-".join(
+                                            (args.out.stem, layout, adapter, compile_mode)
+                                            + (attention, f"{crop}x{batch}")
+                                        )
                                         trace = args.out.parent / f"{name}.trace.json.gz"
                                         row["profile"]["trace"] = trace_steps(run, trace)
                             except Exception as exc:  # the timing row stands without it

@@ -50,8 +50,9 @@ def test_bench_dit_runs_the_trainers_step_and_writes_rows(tmp_path):
     assert result.exit_code == 0, result.output
     for row in json.loads(timed.read_text())["rows"]:
         assert row["optimizer_ms"] > 0
-        # the guard A/B times the same number of steps again, under Dynamo's skip stance
+        # the guard A/B times the same number of steps again with each stance, alternately
         assert len(row["step_ms_skip_guards_all"]) == 1 and row["step_ms_skip_guards"] > 0
+        assert row["step_ms_ab_guarded"] > 0
 
 
 def test_bench_trace_writes_a_chrome_trace_and_its_gpu_summary(tmp_path):
@@ -59,6 +60,7 @@ def test_bench_trace_writes_a_chrome_trace_and_its_gpu_summary(tmp_path):
     the union of kernel intervals (two streams may overlap), so its idle share is never negative."""
     import argparse
     import gzip
+    from types import SimpleNamespace
 
     from hotstep_ray.core.storage import Storage
 
@@ -66,6 +68,16 @@ def test_bench_trace_writes_a_chrome_trace_and_its_gpu_summary(tmp_path):
     assert dit_bench.covered([(0, 4), (2, 6), (10, 11)]) == 7  # overlap counted once, gap not
     assert dit_bench.covered([(0, 10), (2, 3)]) == 10  # a kernel inside another
     assert dit_bench.covered([]) == 0
+
+    def event(device: str, start: float, end: float, label: bool = False) -> SimpleNamespace:
+        kind = SimpleNamespace(name=device)
+        span = SimpleNamespace(start=start, end=end)
+        return SimpleNamespace(device_type=kind, time_range=span, is_user_annotation=label)
+
+    # a kernel, a host op, and a host label mirrored on the GPU timeline across an idle gap
+    events = [event("CUDA", 5, 6), event("CPU", 0, 9), event("CUDA", 0, 9, label=True)]
+    events.append(event("CUDA", 1, 2))
+    assert dit_bench.gpu_spans(events) == [(1, 2), (5, 6)]
     args = argparse.Namespace(
         device="cpu", tiny=True, crops="32", ckpt="off", optimizer="muon", muon_ns_precision="auto"
     )

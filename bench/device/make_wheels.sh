@@ -12,6 +12,7 @@ for name in $names; do
   pin=$(grep -i -E "^${name//[-_]/[-_]}==" constraints.txt) || { echo "no pin for $name in constraints.txt" >&2; exit 1; }
   pins+=("$pin")
 done
+rm -rf .device_wheels  # a kit with two versions of one package would fail to install
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform any -d .device_wheels "${pins[@]}"

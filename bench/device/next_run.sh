@@ -1,13 +1,14 @@
 #!/bin/bash
 # First call of the next session (issue 6), ~7 min, carry [".device_wheels"] (build the kit
 # first in a fresh checkout: bash bench/device/make_wheels.sh). Session 12 left
-# one gap: at batch 1 on 750- and 1500-frame crops LoKR 512 trails LoRA r64 by 10-15 ms
+# one gap: at batch 1 on 750- and 1500-frame crops LoKR 512 trails LoRA r64 by 12-17 ms
 # (run_s12b/c/e.sh), with the same GPU kernel time per step (32.3 ms) and a host-bound step.
 # The timeline (run_s12f.sh) puts the difference in the forward's host time per block: Dynamo's
-# cache lookup (guard evaluation) 391 against 162 us, the compiled call 553 against 365 us.
+# cache lookup (guard evaluation) 389 against 167 us (mean), the compiled call 567 against
+# 366 us (median).
 # Since then a LoKR block carries fewer guards (KronLinear.forward no longer reads peft's
 # `_available_adapters`; tiny block 1720 -> 1409 guards, LoRA 1446): the LoKR row measures that.
-# Each row: 750 x 1, the timed steps then the same steps with the guards skipped
+# Each row: 750 x 1, the timed steps, then the same steps alternately with and without the guards
 # (`--guards-ab`, a measurement only), with Dynamo's guard and recompile logs kept in $OUT (how
 # many guards each adapter's block carries on CUDA, and whether anything recompiles).
 set -u
@@ -23,9 +24,13 @@ row() {  # name timeout args...
 import collections, re, sys
 text = open(sys.argv[1], errors="replace").read()
 dumps = text.split("GUARDS:")[1:]
+# three graphs per adapter are expected (first block, sliding-window and full-attention blocks)
 print("graphs compiled:", len(dumps), "recompile lines:", text.count("Recompiling"))
-for dump in dumps:
-    kinds = collections.Counter(re.findall(r"\+- (\w+):", dump))
+print("guard eval latency (us) per graph:", re.findall(r"Guard eval latency = ([\d.]+) us", text))
+for dump in dumps:  # the guards alone: the tree's *Manager nodes are not guards
+    kinds = collections.Counter(
+        k for k in re.findall(r"\+- (\w+):", dump) if not k.endswith("Manager")
+    )
     print(sum(kinds.values()), dict(kinds.most_common(12)))
 PY
   gzip -c /tmp/$name.log > $OUT/$name.log.gz

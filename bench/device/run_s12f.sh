@@ -1,6 +1,6 @@
 #!/bin/bash
 # Session 12, sixth call (issue 6), ~6 min, carry [".device_wheels"]. LoKR 512 trails LoRA r64 at
-# 750 x 1 by 10-15 ms with the same GPU kernel time (run_s12d/e.sh): a host-side cost. A
+# 750 x 1 by 12-17 ms with the same GPU kernel time (run_s12d/e.sh): a host-side cost. A
 # timeline (host + GPU, gzipped Chrome trace, `dit_bench --profile --trace`) of two steps of each
 # shows where the GPU waits.
 set -u
