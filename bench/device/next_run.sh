@@ -1,5 +1,5 @@
 #!/bin/bash
-# First call of the next session (issue 6), ~7 min, carry [".device_wheels"] (build the kit
+# First call of the next session (issue 6), ~8.5 min, carry [".device_wheels"] (build the kit
 # first in a fresh checkout: bash bench/device/make_wheels.sh). Session 12 left
 # one gap: at batch 1 on 750- and 1500-frame crops LoKR 512 trails LoRA r64 by 12-17 ms
 # (run_s12b/c/e.sh), with the same GPU kernel time per step (32.3 ms) and a host-bound step.
@@ -17,7 +17,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 row() {  # name timeout args...
   local name=$1 limit=$2; shift 2
   pkill -9 -f "bench/dit_bench.py|compile_worker" 2>/dev/null; sleep 2
-  TORCH_LOGS=guards,recompiles timeout $limit python3 bench/dit_bench.py --compile reduce-overhead --models 2b --steps 12 --warmup 3 --crops 750 --batches 1 --guards-ab "$@" --time-budget-s $((limit - 8)) --out $OUT/$name.json > /tmp/$name.log 2>&1
+  TORCH_LOGS=guards,recompiles timeout $limit python3 bench/dit_bench.py --compile reduce-overhead --models 2b --steps 12 --warmup 3 --crops 750 --batches 1 "$@" --time-budget-s $((limit - 8)) --out $OUT/$name.json > /tmp/$name.log 2>&1
   echo "$name rc=$? $(grep -h '"step_ms"\|"error": "[^"]' /tmp/$name.log | head -1 | cut -c1-330)"
   # the guard dumps: how many guards of each kind, per compiled graph
   python3 - /tmp/$name.log > $OUT/$name.guards.txt <<'PY'
@@ -33,8 +33,11 @@ for dump in dumps:  # the guards alone: the tree's *Manager nodes are not guards
     )
     print(sum(kinds.values()), dict(kinds.most_common(12)))
 PY
-  gzip -c /tmp/$name.log > $OUT/$name.log.gz
+  [ "${KEEP_LOG:-1}" = 1 ] && gzip -c /tmp/$name.log > $OUT/$name.log.gz  # 8 files come back
 }
-row lokr_750_b1_guards 170 --adapters lokr512
-row lora_750_b1_guards 150 --adapters lora64
+row lokr_750_b1_guards 170 --adapters lokr512 --guards-ab
+row lora_750_b1_guards 150 --adapters lora64 --guards-ab
+# the trainer's own policy (dit.SKIP_SEEN_GUARDS, off by default): every timed step repeats the
+# warm-up's shapes, so all of them skip; compare with the LoKR row's step_ms
+KEEP_LOG=0 row lokr_750_b1_skipseen 150 --adapters lokr512 --skip-seen-guards
 cat $OUT/*.guards.txt
