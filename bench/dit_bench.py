@@ -209,6 +209,13 @@ def synthetic_cache(encoder_width: int, frames: int) -> dit_data.TensorCache:
     )
 
 
+def tiny_cpu_args(crops: str = "32") -> argparse.Namespace:
+    """`build_group`'s arguments for the tiny DiT on the CPU (tests and CPU-side benches)."""
+    return argparse.Namespace(
+        device="cpu", tiny=True, crops=crops, ckpt="off", optimizer="muon", muon_ns_precision="auto"
+    )
+
+
 def build_group(
     args, layout: str, adapter: str, compile_mode: str, attention: str, storage: Storage
 ):
@@ -594,9 +601,6 @@ def trace_steps(run: dit.DitRun, path: Path, steps: int = 2) -> dict[str, Any]:
     """A host + GPU timeline of `steps` steps, written as a gzipped Chrome trace to `path`, and
     its summary: wall time, the union of GPU kernel time, and the GPU's idle share of the span
     (a host-bound step leaves the GPU waiting between its kernels)."""
-    import gzip
-    import shutil
-
     from torch.profiler import ProfilerActivity, profile
 
     window = [tuple(range(run.fit.batch))]
@@ -610,11 +614,7 @@ def trace_steps(run: dit.DitRun, path: Path, steps: int = 2) -> dict[str, Any]:
     spans = gpu_spans(prof.events())
     busy_us = covered(spans)
     span_us = (spans[-1][1] - spans[0][0]) if spans else 0.0
-    raw = path.with_suffix("")  # .json.gz -> .json
-    prof.export_chrome_trace(str(raw))
-    with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    raw.unlink()
+    prof.export_chrome_trace(str(path))  # gzipped by torch for a .gz name
     return {
         "steps": steps,
         "wall_ms": round(wall_ms, 2),

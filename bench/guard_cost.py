@@ -29,26 +29,31 @@ from hotstep_ray.training import adapters, dit  # noqa: E402
 
 
 def lookup_us(adapter: str, repeat: int) -> dict[str, float]:
-    """Median over `repeat` profiled steps of Dynamo's cache lookup per block call (µs)."""
+    """Median over `repeat` profiled steps of Dynamo's cache lookup per block call (µs), with
+    every guard and with only the differentiating ones (`skip_guard_eval_unsafe`, the stance
+    `dit.SKIP_SEEN_GUARDS` steps take), alternately."""
     from torch.profiler import ProfilerActivity, profile
 
-    args = argparse.Namespace(
-        device="cpu", tiny=True, crops="32", ckpt="off", optimizer="muon", muon_ns_precision="auto"
-    )
+    args = dit_bench.tiny_cpu_args()
     run = dit_bench.build_group(args, "2b", adapter, "none", "sdpa", Storage(tempfile.mkdtemp()))
     run.autocast = torch.bfloat16  # the GPU's compute path (the CPU trainer runs float32)
     dit.compile_blocks(run.transformer, "default", backend="aot_eager")
     window = [(0,)]
     for _ in range(3):  # compile, then settle
         dit.optimizer_step(run, window)
-    per_call, calls = [], 0
-    for _ in range(repeat):
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            dit.optimizer_step(run, window)
+    per_call: dict[bool, list[float]] = {False: [], True: []}  # guards skipped -> µs per call
+    for i in range(2 * repeat):
+        skip = i % 2 == 1
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=skip):
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                dit.optimizer_step(run, window)
         events = [e for e in prof.key_averages() if e.key == "TorchDynamo Cache Lookup"]
-        calls = events[0].count
-        per_call.append(events[0].cpu_time_total / calls)
-    return {"lookup_us_per_block": round(statistics.median(per_call), 1), "calls": calls}
+        per_call[skip].append(events[0].cpu_time_total / events[0].count)
+    return {
+        "lookup_us_per_block": round(statistics.median(per_call[False]), 1),
+        "lookup_us_skipping": round(statistics.median(per_call[True]), 1),
+        "calls": events[0].count,
+    }
 
 
 def main() -> int:

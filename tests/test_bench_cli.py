@@ -58,7 +58,6 @@ def test_bench_dit_runs_the_trainers_step_and_writes_rows(tmp_path):
 def test_bench_trace_writes_a_chrome_trace_and_its_gpu_summary(tmp_path):
     """`--trace`: two steps' host + GPU timeline as a gzipped Chrome trace; the GPU's busy time is
     the union of kernel intervals (two streams may overlap), so its idle share is never negative."""
-    import argparse
     import gzip
     from types import SimpleNamespace
 
@@ -78,9 +77,7 @@ def test_bench_trace_writes_a_chrome_trace_and_its_gpu_summary(tmp_path):
     events = [event("CUDA", 5, 6), event("CPU", 0, 9), event("CUDA", 0, 9, label=True)]
     events.append(event("CUDA", 1, 2))
     assert dit_bench.gpu_spans(events) == [(1, 2), (5, 6)]
-    args = argparse.Namespace(
-        device="cpu", tiny=True, crops="32", ckpt="off", optimizer="muon", muon_ns_precision="auto"
-    )
+    args = dit_bench.tiny_cpu_args()
     run = dit_bench.build_group(args, "2b", "lora64", "none", "sdpa", Storage(str(tmp_path)))
     dit_bench.configure(run, 32, 1, "off")
     step_before = run.state.step

@@ -56,7 +56,7 @@ def find_codes(storage: Storage, slug: str, variant: str = "") -> str:
         if not storage.exists(key):
             raise InputError(f"{storage.url_of(key)}: missing (run preprocess for that variant)")
         return key
-    parent = f"tensors/{layout.check_name(slug, 'dataset slug')}"
+    parent = layout.dataset_tensors(slug)
     found = [
         f"{d}/{CODES_FILE}" for d in storage.list(parent) if storage.exists(f"{d}/{CODES_FILE}")
     ]

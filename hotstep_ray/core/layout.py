@@ -110,8 +110,13 @@ def label_record(slug: str, sample_id: str) -> str:
     return f"{dataset_dir(slug)}/labels/{check_name(sample_id, 'sample id')}.json"
 
 
+def dataset_tensors(slug: str) -> str:
+    """`tensors/<slug>`: the folder of a dataset's tensor caches, one per variant."""
+    return f"tensors/{check_name(slug, 'dataset slug')}"
+
+
 def tensor_dir(slug: str, variant_key: str) -> str:
-    return f"tensors/{check_name(slug, 'dataset slug')}/{check_name(variant_key, 'variant key')}"
+    return f"{dataset_tensors(slug)}/{check_name(variant_key, 'variant key')}"
 
 
 PREPROCESS_META_FILE = "preprocess_meta.json"  # in a tensor dir: what preprocess wrote, per sample

@@ -398,7 +398,7 @@ def _cached_songs(storage: Storage, folder: str) -> list[str]:
 def cached_variants(storage: Storage, slug: str) -> dict[str, list[str]]:
     """{variant: its song keys} for the dataset's ACE-Step caches under `tensors/<slug>/`:
     folders with at least one song, not hidden, not an MM3 cache (another model's tensors)."""
-    parent = f"tensors/{layout.check_name(slug, 'dataset slug')}"
+    parent = layout.dataset_tensors(slug)
     found = {}
     for folder in storage.list(parent):
         name = folder.rsplit("/", 1)[-1]
@@ -420,7 +420,8 @@ def pick_variant(storage: Storage, slug: str, variant: str | None = None) -> str
     }
     if not newest:
         raise InputError(
-            f"dataset {slug!r} has no tensor cache under {storage.url_of(f'tensors/{slug}')}: "
+            f"dataset {slug!r} has no tensor cache under "
+            f"{storage.url_of(layout.dataset_tensors(slug))}: "
             f"run `hotstep-ray preprocess {slug}` first"
         )
     return max(sorted(newest), key=newest.__getitem__)
