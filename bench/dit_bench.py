@@ -17,7 +17,8 @@ loses nothing measured.
   device:   python bench/dit_bench.py --out $OUT/dit_bench.json
   subset:   ... --models 2b --adapters lora64 --crops 750,6000
   compile:  ... --compile default            (torch.compile of every block; reduce-overhead
-                                              adds CUDA graphs; several modes: default,none)
+                                              adds CUDA graphs per block, step-graph one
+                                              graph per step; several modes: default,none)
   flex:     ... --attention flex             (experimental block-sparse sliding window)
   local:    python bench/dit_bench.py --tiny --device cpu --out /tmp/dit_bench.json
 """
@@ -58,6 +59,7 @@ from hotstep_ray.training import (  # noqa: E402
     flat_grads,
     kron_kernels,
     optim,
+    step_graph,
 )
 
 GIB = 1024**3
@@ -96,7 +98,9 @@ def parse_args() -> argparse.Namespace:
         "--grad-accum", type=int, default=1, help="micro-batches per optimizer step (peers: 1)"
     )
     parser.add_argument(
-        "--compile", default="none", help="none|default|reduce-overhead, comma list"
+        "--compile",
+        default="none",
+        help="none|default|reduce-overhead|step-graph, comma list",
     )
     parser.add_argument(
         "--attention", default="sdpa", help="sdpa (the trainer's) | flex (experimental), comma list"
@@ -349,6 +353,8 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
     configure(run, crop, batch, args.ckpt)
     run.fold = max(1, min(args.fold, args.grad_accum))
     device = run.device
+    if run.step_graphs is not None:  # this row's shapes: its graphs alone, counted alone
+        run.step_graphs = step_graph.StepGraphs(device)
     window = [tuple(range(batch))] * args.grad_accum  # one optimizer step per window
     # Every step's loss, warm-up included: rows of two compile modes from fresh runs (same seed)
     # must agree to bf16 rounding, or the faster mode computes something else.
@@ -414,6 +420,14 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
         # which LoKR kernels passed their self-checks in this process (empty for LoRA / CPU)
         "lokr_kernels": kron_kernels.verdicts(),
     }
+    if run.step_graphs is not None:  # compile step-graph: how its steps ran
+        graphs = run.step_graphs
+        row["step_graphs"] = {
+            "captures": graphs.captures,
+            "replays": graphs.replays,
+            "eager": graphs.eager,
+            "failure": graphs.failure,
+        }
     if ab[True]:
         row["step_ms_ab_guarded"] = round(statistics.median(ab[False]), 2)
         row["step_ms_skip_guards"] = round(statistics.median(ab[True]), 2)
@@ -523,7 +537,7 @@ def phase_times(run: dit.DitRun, repeats: int = 3) -> dict[str, Any]:
     up to a slower step than the pipelined one): where the host time between kernels goes."""
     window = [tuple(range(run.fit.batch))]
     phases: dict[str, list[float]] = {}
-    graphs = run.compile == "reduce-overhead"
+    graphs = run.compile in dit.GRAPH_MODES
     if graphs:
         dit.keep_grads(run)  # the trainer's gradient buffers, as in its step
 

@@ -57,7 +57,7 @@ PreprocessDtype = Literal["f32", "bf16"]
 PreprocessCompat = Literal["hotstep", "sidestep"]
 PreprocessNormalize = Literal["none", "peak"]
 TrainLmStage = Literal["extract", "train", "export"]
-DitCompileMode = Literal["auto", "off", "default", "reduce-overhead"]
+DitCompileMode = Literal["auto", "off", "default", "reduce-overhead", "step-graph"]
 TrainDitStage = Literal["train", "export"]
 
 AUDIO_EXTENSIONS: tuple[str, ...] = (".wav", ".mp3", ".flac", ".ogg", ".opus", ".m4a", ".aac")
@@ -386,7 +386,9 @@ class TrainDitOptions(Options):
     calibrate_repoint: bool = True
     holdout_fraction: float = Field(default=0.0, ge=0, lt=1)  # as TrainLmOptions; 0 = off
     # torch.compile of each DiT block: "auto" = "reduce-overhead" (compiled + CUDA graphs) on CUDA
-    # when no layer is checkpointed, else "default"; off on the CPU. docs/BENCHMARKS.md.
+    # when no layer is checkpointed, else "default"; off on the CPU. "step-graph": compiled
+    # blocks, each step's forwards and backwards one CUDA graph (training.step_graph).
+    # docs/BENCHMARKS.md.
     compile: DitCompileMode = "auto"
 
     @model_validator(mode="after")

@@ -58,6 +58,7 @@ from hotstep_ray.training import (
     export,
     flat_grads,
     kron_kernels,
+    step_graph,
 )
 from hotstep_ray.training.accumulate import micro_batch_weights
 from hotstep_ray.training.adapters import AdapterSpec
@@ -170,6 +171,7 @@ class DitRun:
     fold: int = 1  # micro-batches of a window run as one (`fold_factor`)
     graph_steps: int = 0  # steps run with CUDA graphs so far in this process (`guarded_step`)
     grad_flats: flat_grads.FlatGrads | None = None  # the CUDA-graph step's gradient buffers
+    step_graphs: step_graph.StepGraphs | None = None  # compile "step-graph": one per input shape
     prepared: PreparedWindow | None = None  # the next step's inputs, made during this backward
     # input shapes a step of this process ran with every Dynamo guard (`SKIP_SEEN_GUARDS`)
     guarded_shapes: set[tuple] = field(default_factory=set)
@@ -427,8 +429,16 @@ def prepare(
         params=[param for _, param in trainable],
     )
     mode = compiling.with_graphs(options.compile, mode, fit.ckpt_layers)
+    if mode == "step-graph" and (fit.ckpt_layers > 0 or settings.lora_dropout > 0):
+        _log(
+            run,
+            "compile step-graph: checkpointed layers and adapter dropout are not captured "
+            "(their recompute and random draws live outside the graph); compiled blocks instead",
+            "warn",
+        )
+        mode = "default"
     if mode != "off":
-        compile_blocks(models.transformer, mode)
+        compile_blocks(models.transformer, "default" if mode == "step-graph" else mode)
         _log(
             run,
             f"torch.compile ({mode}) of the {len(models.transformer.layers)} DiT blocks: the "
@@ -436,6 +446,8 @@ def prepare(
             "at full speed",
         )
     run.compile = mode
+    if mode == "step-graph":
+        run.step_graphs = step_graph.StepGraphs(device)
     run.fold = fold_factor(run)
     return run
 
@@ -461,7 +473,11 @@ def compile_mode(requested: str, device: torch.device) -> str:
     """`auto` is `default` on CUDA (H200, 2B LoRA r64, 6000 frames: 529 -> 216 ms per step;
     `compiling.with_graphs` then adds CUDA graphs when nothing is checkpointed) and `off` elsewhere;
     compiling is refused off CUDA (`training.compiling`). Compiled CUDA code matches eager (8e-7
-    in float32; bench/dit_compile_check.py)."""
+    in float32; bench/dit_compile_check.py). `step-graph` (DiT only): blocks compiled as
+    `default`, each step's forwards and backwards captured whole (`training.step_graph`)."""
+    if requested == "step-graph":
+        compiling.resolve_mode("default", device, "the DiT blocks")  # the same CUDA-only rule
+        return requested
     return compiling.resolve_mode(requested, device, "the DiT blocks")
 
 
@@ -647,8 +663,15 @@ def micro_batch_loss(
     if host is None:
         host = dit_data.assemble(run.cache, crops, run.frames)
     batch = dit_data.batch_to(host, run.device)
-    shape = batch.target_latents.shape[1:]
-    noise = torch.cat(
+    noise = draw_noise(run, noise_seeds, batch.target_latents.shape[1:])
+    return micro_batch_forward(run, batch, t, noise, cfg_drop, weights, run.loss.channel_weights)
+
+
+def draw_noise(
+    run: DitRun, noise_seeds: list[tuple[tuple[Any, ...], int]], shape: torch.Size
+) -> torch.Tensor:
+    """[rows, *shape] float32 on the device: each planned micro-batch's rows from its own seed."""
+    return torch.cat(
         [
             torch.randn(
                 (rows, *shape),
@@ -659,8 +682,27 @@ def micro_batch_loss(
             for seed, rows in noise_seeds
         ]
     )
-    channel = run.loss.channel_weights
-    with torch.autocast(run.device.type, dtype=run.autocast, enabled=run.autocast is not None):
+
+
+def micro_batch_forward(
+    run: DitRun,
+    batch: TrainBatch,
+    t: torch.Tensor,
+    noise: torch.Tensor,
+    cfg_drop: torch.Tensor,
+    weights: torch.Tensor,
+    channel: torch.Tensor | None,
+    cast_cache: bool = True,
+) -> dit_loss.LossOutput:
+    """The loss of one micro-batch already on the device (no backward). `channel`: the channel
+    balance weights ([64] or None). `cast_cache` False inside a CUDA-graph capture."""
+    autocast = torch.autocast(
+        run.device.type,
+        dtype=run.autocast,
+        enabled=run.autocast is not None,
+        cache_enabled=cast_cache,
+    )
+    with autocast:
         return dit_loss.flow_matching_loss(
             run.models,
             batch,
@@ -701,6 +743,7 @@ class StepResult:
 
 
 GRAPH_TRIAL_STEPS = 3  # CUDA-graph trees warm up, record, then replay: a fault shows by step 3
+GRAPH_MODES = ("reduce-overhead", "step-graph")  # steps that replay CUDA graphs
 # The CUDA-graph step's gradients as views of one flat buffer (`FlatGrads`); False keeps one
 # buffer per parameter (`compiling.stable_grads`) and torch's per-tensor clip, for the bench's
 # A/B (`dit_bench --no-flat-grads`). H200, 2B, 240 s, batch 1, graph-replayed steps: no change
@@ -762,7 +805,7 @@ def guarded_step(
     recompiled without graphs and the step is redone (its draws are a function of the seed and
     the step, so the redo is the same step). A speed option never ends a run; running out of
     memory is not a graph fault and still raises."""
-    if run.compile != "reduce-overhead" or run.graph_steps >= GRAPH_TRIAL_STEPS:
+    if run.compile not in GRAPH_MODES or run.graph_steps >= GRAPH_TRIAL_STEPS:
         return optimizer_step(run, window, next_window)
     try:
         result = optimizer_step(run, window, next_window)
@@ -779,6 +822,7 @@ def guarded_step(
 
         run.optimizer.zero_grad(set_to_none=True)
         run.grad_flats = None  # plain compiled steps let autograd allocate gradients per step
+        run.step_graphs = None
         dynamo.reset()
         run.guarded_shapes.clear()  # no graph is cached any more
         compile_blocks(run.transformer, "default")
@@ -817,8 +861,8 @@ def optimizer_step(
     # CUDA graphs: a new step (the last step's graph outputs are dead), and gradients that live
     # in buffers of their own across the micro-batches (`compiling.stable_grads`), as views of
     # one flat buffer (`FlatGrads`: clip, zeroing and all-reduce are then a few kernels).
-    graphs = run.compile == "reduce-overhead"
-    if graphs:
+    graphs = run.compile in GRAPH_MODES
+    if run.compile == "reduce-overhead":
         torch.compiler.cudagraph_mark_step_begin()
     if run.settings.lora_dropout > 0:  # peft's dropout draws from the global RNG
         torch.manual_seed(dit_data.derived_seed(run.options.seed, "dropout", step, rank))
@@ -832,33 +876,11 @@ def optimizer_step(
     # The draws are made per planned micro-batch; `run.fold` of them then run as one.
     groups = fold_groups(len(window), run.fold)
     shares = micro_batch_weights([sum(len(window[i]) for i in group) for group in groups])
-    loss_sum = torch.zeros((), device=run.device)
-    raw_sum = torch.zeros((), device=run.device)
-    frames = 0
-    skip, shapes = skips_guards(run, prepared)
-    # set_stance takes effect when called (and restores on exit): called only to skip
-    stance = (
-        torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
-        if skip
-        else contextlib.nullcontext()
-    )
-    with stance:
-        for group, share, host in zip(groups, shares, prepared.host, strict=True):
-            out = micro_batch_loss(
-                run,
-                [crop for i in group for crop in draws.crops[i]],
-                torch.cat([draws.t[i] for i in group]),
-                torch.cat([draws.cfg_drop[i] for i in group]),
-                torch.cat([draws.weights[i] for i in group]),
-                [((run.options.seed, "noise", step, rank, i), len(window[i])) for i in group],
-                host,
-            )
-            (out.loss * share).backward()
-            loss_sum += out.loss.detach() * share
-            raw_sum += out.raw_loss * share
-            frames += sum(crop.frames for i in group for crop in draws.crops[i])
-    if shapes is not None:
-        run.guarded_shapes.add(shapes)
+    frames = sum(crop.frames for crops in draws.crops for crop in crops)
+    if run.step_graphs is not None and graphs:
+        loss_sum, raw_sum = captured_window(run, groups, shares, prepared)
+    else:
+        loss_sum, raw_sum = _window_losses(run, groups, shares, prepared)
     if next_window is not None:  # host work in the shadow of the queued backward
         run.prepared = prepare_window(run, next_window, step + 1)
     flats = live_flats(run) if graphs else None
@@ -880,6 +902,91 @@ def optimizer_step(
     ms = (time.perf_counter() - started) * 1000
     samples = sum(len(micro_batch) for micro_batch in window)
     return StepResult(loss, raw, grad_norm, factor, samples, frames, ms, finite)
+
+
+def _window_losses(
+    run: DitRun, groups: list[range], shares: list[float], prepared: PreparedWindow
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A window's forwards and backwards, one per fold group, run as they come: the weighted
+    loss and the plain loss summed over the groups (device scalars)."""
+    draws, window, step, rank = prepared.draws, prepared.window, prepared.step, run.settings.rank
+    loss_sum = torch.zeros((), device=run.device)
+    raw_sum = torch.zeros((), device=run.device)
+    skip, shapes = skips_guards(run, prepared)
+    # set_stance takes effect when called (and restores on exit): called only to skip
+    stance = (
+        torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+        if skip
+        else contextlib.nullcontext()
+    )
+    with stance:
+        for group, share, host in zip(groups, shares, prepared.host, strict=True):
+            out = micro_batch_loss(
+                run,
+                [crop for i in group for crop in draws.crops[i]],
+                torch.cat([draws.t[i] for i in group]),
+                torch.cat([draws.cfg_drop[i] for i in group]),
+                torch.cat([draws.weights[i] for i in group]),
+                [((run.options.seed, "noise", step, rank, i), len(window[i])) for i in group],
+                host,
+            )
+            (out.loss * share).backward()
+            loss_sum += out.loss.detach() * share
+            raw_sum += out.raw_loss * share
+    if shapes is not None:
+        run.guarded_shapes.add(shapes)
+    return loss_sum, raw_sum
+
+
+# A fold group's inputs as the captured step takes them: the TrainBatch fields, then these.
+_BATCH_FIELDS = tuple(f.name for f in dataclasses.fields(TrainBatch))
+_GROUP_EXTRA = ("t", "cfg_drop", "weights", "noise")
+
+
+def captured_window(
+    run: DitRun, groups: list[range], shares: list[float], prepared: PreparedWindow
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_window_losses` as one CUDA graph per input shape (compile "step-graph",
+    `training.step_graph`): the host assembles the inputs and draws the noise as before, the
+    graph takes them as static inputs. The shares are baked into the graph, so they key it."""
+    draws, window, step, rank = prepared.draws, prepared.window, prepared.step, run.settings.rank
+    inputs: list[torch.Tensor | None] = []
+    for group, host in zip(groups, prepared.host, strict=True):
+        seeds = [((run.options.seed, "noise", step, rank, i), len(window[i])) for i in group]
+        inputs += [getattr(host, name) for name in _BATCH_FIELDS]
+        inputs += [
+            torch.cat([draws.t[i] for i in group]),
+            torch.cat([draws.cfg_drop[i] for i in group]),
+            torch.cat([draws.weights[i] for i in group]),
+            draw_noise(run, seeds, host.target_latents.shape[1:]),
+        ]
+    inputs.append(run.loss.channel_weights)  # on the device inside: no copy in the capture
+    width = len(_BATCH_FIELDS) + len(_GROUP_EXTRA)
+
+    def body(static: list[torch.Tensor | None]) -> list[torch.Tensor]:
+        loss_sum = torch.zeros((), device=run.device)
+        raw_sum = torch.zeros((), device=run.device)
+        for index, share in enumerate(shares):
+            part = static[index * width : (index + 1) * width]
+            batch = TrainBatch(**dict(zip(_BATCH_FIELDS, part, strict=False)))
+            t, cfg_drop, weights, noise = part[len(_BATCH_FIELDS) :]
+            out = micro_batch_forward(
+                run, batch, t, noise, cfg_drop, weights, static[-1], cast_cache=False
+            )
+            (out.loss * share).backward()
+            loss_sum = loss_sum + out.loss.detach() * share
+            raw_sum = raw_sum + out.raw_loss * share
+        return [loss_sum, raw_sum]
+
+    graphs = run.step_graphs
+    assert graphs is not None
+    graphs.bind(run.grad_flats)  # a graph adds into the gradient buffers it was captured with
+    key = (input_shapes(prepared, run.fold, run.transformer.training), tuple(shares))
+    loss_sum, raw_sum = graphs(key, inputs, body)
+    if graphs.failure and not graphs.reported:
+        graphs.reported = True
+        _log(run, f"compile step-graph: {graphs.failure}; later steps run without it", "warn")
+    return loss_sum, raw_sum
 
 
 def train(

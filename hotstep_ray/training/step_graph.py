@@ -1,0 +1,153 @@
+"""Whole-step CUDA graphs: a DiT step's forwards and backwards replayed as one graph.
+
+Why: with CUDA-graph trees on each compiled block (`reduce-overhead`) the host still calls
+Python for every block twice a step (Dynamo's guards, the tree's replay and its output
+tensors): ~0.5-1 ms per 2B block. At batch 1 on a 30 s crop the GPU needs ~32 ms per step and
+the host ~50-70 ms, so the step is the host's, and an adapter with more tensors per block
+(LoKR: three per Linear against LoRA's two) pays for them in step time (docs/BENCHMARKS.md,
+fourteenth and fifteenth device runs). One captured graph per input shape replays the whole
+forward and backward with one call, whatever the adapter.
+
+How: the first step at a shape copies its inputs into device tensors of its own (the static
+inputs), runs the step body on them eagerly on a side stream (that run is the step: its loss and
+its gradients are kept; it also compiles and warms everything the capture must not meet for the
+first time), then captures the same body into a graph. Later steps at that shape copy their
+inputs into the static tensors and replay. The gradients accumulate into buffers allocated
+before any capture (`flat_grads.FlatGrads`), so a replay adds into them as the eager body would.
+Outputs (the step's loss sums) are the graph's own tensors: read them before the next replay.
+
+The graphs share one memory pool (the activations of one shape's forward are freed by its
+backward, and replays never overlap), so a second shape costs no second pool. Shapes past
+`limit` run the body eagerly.
+
+What the body must not do: synchronise with the host, copy from pageable host memory, or read
+anything that changes between steps other than its inputs (shares of the loss are part of the
+key; Python numbers are baked into the graph). Autocast runs with its cast cache off inside (the
+cache would hold capture-pool tensors past the capture). `Recorder` stands in for a CUDA graph on
+the CPU: tests check the plumbing (static inputs, outputs, keys) against eager steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import torch
+
+Body = Callable[[list[torch.Tensor | None]], list[torch.Tensor]]
+MAX_GRAPHS = 4  # input shapes with a graph: a run has one crop shape, plus a short last window
+
+
+class Recorder:
+    """A CPU stand-in for `torch.cuda.CUDAGraph`: `replay` runs the recorded body again on the
+    same static inputs and copies its results into the outputs the capture returned."""
+
+    def __init__(self, body: Body, inputs: list[torch.Tensor | None]) -> None:
+        self.body, self.inputs = body, inputs
+        self.outputs = [out.detach().clone() for out in body(inputs)]
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        for static, fresh in zip(self.outputs, self.body(self.inputs), strict=True):
+            static.copy_(fresh.detach())
+
+
+class StepGraphs:
+    """One captured body per key (`__call__`). `device`: where the static inputs live; a CUDA
+    device captures real graphs, another device uses `Recorder` (tests)."""
+
+    def __init__(self, device: torch.device, limit: int = MAX_GRAPHS) -> None:
+        self.device = device
+        self.limit = limit
+        self.graphs: dict[Hashable, tuple[Any, list[torch.Tensor | None], list[torch.Tensor]]] = {}
+        self.pool: Any = None
+        self.captures = 0
+        self.replays = 0
+        self.eager = 0
+        self.failure = ""  # why capturing stopped (a capture raised): every key then runs eagerly
+        self.reported = False  # the caller has logged `failure`
+        self._bound: Any = None
+        self._stream: Any = None  # the side stream of the eager runs, one for all captures
+
+    def __call__(
+        self, key: Hashable, inputs: Sequence[torch.Tensor | None], body: Body
+    ) -> list[torch.Tensor]:
+        """The body's outputs for `inputs` (host or device tensors, None kept as None): a
+        replay when `key` has a graph, else the eager body on fresh static inputs followed by
+        the capture (up to `limit` keys; past it, the eager body on the inputs)."""
+        found = self.graphs.get(key)
+        if found is not None:
+            graph, static, outputs = found
+            for target, value in zip(static, inputs, strict=True):
+                if target is not None:
+                    target.copy_(value, non_blocking=True)
+            graph.replay()
+            self.replays += 1
+            return outputs
+        if len(self.graphs) >= self.limit or self.failure:
+            self.eager += 1
+            return body([None if x is None else x.to(self.device) for x in inputs])
+        static = [None if x is None else _device_copy(x, self.device) for x in inputs]
+        if self.device.type != "cuda":
+            recorder = Recorder(body, static)
+            self.graphs[key] = (recorder, static, recorder.outputs)
+            self.captures += 1
+            return [out.clone() for out in recorder.outputs]
+        # the eager run is this step (its loss and gradients are kept); the capture then only
+        # records, it computes nothing, so a failed one leaves the step's results whole
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        results = _on_side_stream(body, static, self._stream)
+        # The eager run's activations are cached for the side stream, where nothing else can
+        # reuse them: hand them back before the capture takes its pool, so the first step of a
+        # shape does not hold both (a one-off wait per shape).
+        torch.cuda.current_stream().synchronize()
+        torch.cuda.empty_cache()
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                outputs = body(static)
+        except Exception as exc:  # noqa: BLE001 - any capture fault: keep the eager steps
+            self.failure = f"the capture failed ({type(exc).__name__}: {exc})"
+            self.clear()
+            return results
+        if self.pool is None:
+            self.pool = graph.pool()
+        self.graphs[key] = (graph, static, outputs)
+        self.captures += 1
+        return results
+
+    def bind(self, owner: Any) -> None:
+        """The graphs add into the gradient buffers `owner` holds (`flat_grads.FlatGrads`): a
+        different owner (the buffers were rebuilt) forgets every graph."""
+        if owner is not self._bound:
+            self.clear()
+            self._bound = owner
+
+    def clear(self) -> None:
+        """Forget every graph (a fallback to steps without graphs)."""
+        self.graphs.clear()
+        self.pool = None
+
+
+def _device_copy(value: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A static input: a tensor of its own on `device` (never an alias of the caller's)."""
+    static = torch.empty_like(value, device=device)
+    static.copy_(value)
+    return static
+
+
+def _on_side_stream(
+    body: Body, inputs: list[torch.Tensor | None], side: torch.cuda.Stream
+) -> list[torch.Tensor]:
+    """The body on a side stream, ordered after the current stream's work and before what the
+    current stream does next (torch's recipe for the runs before a capture)."""
+    current = torch.cuda.current_stream()
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        results = body(inputs)
+    current.wait_stream(side)
+    for out in results:  # their memory came from the side stream's allocations
+        out.record_stream(current)
+    return results

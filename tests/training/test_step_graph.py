@@ -1,0 +1,121 @@
+"""Compile "step-graph" (`training.step_graph`): a step's forwards and backwards replayed as one
+graph per input shape. On the CPU `Recorder` stands in for the CUDA graph, so these tests check
+the plumbing: static inputs, the key, outputs, gradient buffers and the fallbacks. The CUDA
+capture itself runs in bench/dit_bench.py (`--compile step-graph`, docs/BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_dit_support import (  # noqa: F401  (fixtures)
+    SLUG,
+    fast_options,
+    single_thread_fixture,
+    tiny_dit_dir_fixture,
+    write_cache,
+)
+
+from hotstep_ray.core.errors import InputError
+from hotstep_ray.core.storage import Storage
+from hotstep_ray.training import adapters, dit, step_graph
+
+CPU = torch.device("cpu")
+
+
+def doubling_body(calls: list[int]):
+    def body(static):
+        calls.append(1)
+        x, mask = static
+        return [x * 2, x.sum() if mask is None else (x * mask).sum()]
+
+    return body
+
+
+def test_a_key_is_captured_once_then_replayed_on_the_new_inputs() -> None:
+    graphs = step_graph.StepGraphs(CPU)
+    calls: list[int] = []
+    body = doubling_body(calls)
+    first = torch.tensor([1.0, 2.0])
+    out = graphs("a", [first, None], body)
+    assert out[0].tolist() == [2.0, 4.0] and calls == [1]  # the step itself, run once
+    first.fill_(100.0)  # the graph holds its own static copy, not the caller's tensor
+    out = graphs("a", [torch.tensor([3.0, 4.0]), None], body)
+    assert out[0].tolist() == [6.0, 8.0] and float(out[1]) == 7.0
+    assert (graphs.captures, graphs.replays, graphs.eager) == (1, 1, 0)
+    # another key, another graph; past the limit the body runs eagerly on the inputs
+    graphs.limit = 2
+    graphs("b", [torch.ones(3), torch.zeros(3)], body)
+    out = graphs("c", [torch.ones(1), None], body)
+    assert out[0].tolist() == [2.0] and (graphs.captures, graphs.eager) == (2, 1)
+    # replaying "a" again still computes from the inputs it is given now
+    assert graphs("a", [torch.tensor([0.5, 0.5]), None], body)[0].tolist() == [1.0, 1.0]
+
+
+def test_new_gradient_buffers_forget_the_graphs() -> None:
+    graphs = step_graph.StepGraphs(CPU)
+    body = doubling_body([])
+    owner = object()
+    graphs.bind(owner)
+    graphs("a", [torch.ones(2), None], body)
+    graphs.bind(owner)  # the same buffers: the graph stays
+    assert len(graphs.graphs) == 1
+    graphs.bind(object())  # rebuilt buffers: a graph would add into the old ones
+    assert graphs.graphs == {} and graphs.pool is None
+
+
+@pytest.fixture
+def storage(tmp_path) -> Storage:
+    store = Storage(tmp_path / "data")
+    write_cache(store)  # three songs; the 40-frame one is padded to the 48-frame crop
+    return store
+
+
+def graph_run(storage: Storage, tiny_dit_dir, start: dict, graphs: bool) -> dit.DitRun:
+    """A tiny LoRA run (two micro-batches a step, so two groups share a graph) from the given
+    adapter values; with `graphs`, the step-graph path on `Recorder`s."""
+    options = fast_options(batch=1, grad_accum=2, epochs=3)
+    settings = dit.DitSettings(checkpoints_dir=str(tiny_dit_dir), step_event_interval_s=0.0)
+    run = dit.setup(options, storage, SLUG, settings)
+    adapters.load_adapter_state(run.transformer, start)
+    if graphs:  # what prepare sets on CUDA for compile "step-graph"
+        run.compile = "step-graph"
+        run.step_graphs = step_graph.StepGraphs(CPU)
+    return run
+
+
+def test_graph_steps_train_as_the_plain_steps(storage, tiny_dit_dir, single_thread) -> None:
+    probe = dit.setup(
+        fast_options(batch=1, grad_accum=2),
+        storage,
+        SLUG,
+        dit.DitSettings(checkpoints_dir=str(tiny_dit_dir)),
+    )
+    generator = torch.Generator().manual_seed(3)
+    start = {  # B != 0, so every step moves every factor
+        key: 0.05 * torch.randn(value.shape, generator=generator)
+        for key, value in adapters.adapter_state_dict(probe.transformer).items()
+    }
+    results = {}
+    for graphs in (False, True):
+        run = graph_run(storage, tiny_dit_dir, start, graphs)
+        losses = []
+        for epoch in (1, 2, 3):
+            for window in dit.epoch_windows(run, epoch):
+                result = dit.optimizer_step(run, window)
+                losses.append((result.loss, result.raw_loss, result.grad_norm, result.frames))
+        results[graphs] = (losses, [p.detach().clone() for p in run.params], run.step_graphs)
+    plain, plain_params, _ = results[False]
+    losses, params, graphs = results[True]
+    # one window shape per epoch pattern; later epochs replay what the first captured
+    assert graphs.captures >= 1 and graphs.replays >= len(losses) - graphs.captures - 1
+    assert graphs.replays + graphs.captures + graphs.eager == len(losses)
+    for got, want in zip(losses, plain, strict=True):
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-7)
+    for now, then in zip(params, plain_params, strict=True):
+        torch.testing.assert_close(now, then, rtol=1e-5, atol=1e-7)
+
+
+def test_step_graph_is_refused_off_cuda() -> None:
+    with pytest.raises(InputError, match="needs a CUDA device"):
+        dit.compile_mode("step-graph", CPU)
+    assert dit.compile_mode("off", CPU) == "off"
