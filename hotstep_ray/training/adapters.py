@@ -223,12 +223,15 @@ KRON_FORWARDS = ("factored", "merged")
 # Rows of x (all leading axes: batch × tokens) below which "merged" keeps the factored path.
 # Building W' moves ~2 weights of memory (read W, write W'; again in the backward) for the
 # 1/f-base GEMM it saves (f = 4: rows · in · out / 2 FLOPs): on an H200 (4.8 TB/s, ~700 TFLOP/s
-# bf16) the two meet near 1200 rows. A decode step (1-2 rows) would otherwise rebuild every
-# weight per token. Arithmetic, not measured. The DiT's rows are batch × frames / 2 (patch 2): a
-# 240 s crop 3000 per song, the recipe's 1248-frame crop 624 (2496 with its 4 micro-batches
-# folded, as on CUDA; one unfolded crop runs factored); the cross-attention K/V see batch ×
-# condition tokens; the LM's rows are ~1700 per 240 s song.
-KRON_MERGED_MIN_TOKENS = 1024
+# bf16) the two meet near 1200 rows: arithmetic. Measured lower once the step was not host-bound
+# (H200, 2B LoKR 512, compile step-graph, one machine; BENCHMARKS, fifteenth run): at a 1500-frame
+# crop, batch 1 (750 rows) merged 38.80 ms per step against factored 42.85 (LoRA r64: 40.43); at
+# 750 frames (375 rows) factored LoKR already led LoRA (34.98 vs 35.73 ms), so 512 keeps it.
+# A decode step (1-2 rows) would otherwise rebuild every weight per token. The DiT's rows are
+# batch × frames / 2 (patch 2): a 240 s crop 3000 per song, the recipe's 1248-frame crop 624
+# (2496 with its 4 micro-batches folded, as on CUDA); the cross-attention K/V see batch ×
+# condition tokens (769 in the bench); the LM's rows are ~1700 per 240 s song.
+KRON_MERGED_MIN_TOKENS = 512
 
 
 # Whether `MergedKron`'s backward takes w1's pair sums and w2's mix from one kernel pass

@@ -428,15 +428,14 @@ def prepare(
         events=events if settings.rank == 0 else None,
         params=[param for _, param in trainable],
     )
-    mode = compiling.with_graphs(options.compile, mode, fit.ckpt_layers)
-    if mode == "step-graph" and (fit.ckpt_layers > 0 or settings.lora_dropout > 0):
+    mode = graph_mode(options.compile, mode, fit.ckpt_layers, settings.lora_dropout)
+    if options.compile == "step-graph" and mode != "step-graph":
         _log(
             run,
             "compile step-graph: checkpointed layers and adapter dropout are not captured "
             "(their recompute and random draws live outside the graph); compiled blocks instead",
             "warn",
         )
-        mode = "default"
     if mode != "off":
         compile_blocks(models.transformer, "default" if mode == "step-graph" else mode)
         _log(
@@ -479,6 +478,22 @@ def compile_mode(requested: str, device: torch.device) -> str:
         compiling.resolve_mode("default", device, "the DiT blocks")  # the same CUDA-only rule
         return requested
     return compiling.resolve_mode(requested, device, "the DiT blocks")
+
+
+def graph_mode(requested: str, mode: str, ckpt_layers: int, lora_dropout: float) -> str:
+    """The blocks' mode once the fit is known. `auto` on CUDA: "step-graph" when no layer is
+    checkpointed and no adapter dropout draws inside the step, else `compiling.with_graphs`'s
+    choice. H200, 2B, one machine per pair (docs/BENCHMARKS.md, fifteenth run), step-graph
+    against per-block graphs: LoKR 512 at 750 x 1 37.90 vs 52.03 ms, LoRA r64 37.57 vs 46.83;
+    the recipe's path (crop 1248, 4 micro-batches folded) 62.01 vs 65.62; a 240 s song 81.74
+    vs 84.45. Checkpointed layers and dropout also make an explicit "step-graph" "default"."""
+    mode = compiling.with_graphs(requested, mode, ckpt_layers)
+    capturable = ckpt_layers == 0 and lora_dropout == 0
+    if requested == "auto" and mode == "reduce-overhead" and capturable:
+        return "step-graph"
+    if mode == "step-graph" and not capturable:
+        return "default"
+    return mode
 
 
 def compile_blocks(transformer: torch.nn.Module, mode: str, backend: str = "inductor") -> None:
@@ -890,18 +905,55 @@ def optimizer_step(
         else:
             _all_reduce_grads(params, run.settings.world_size)
     clip = run.options.grad_clip if run.options.grad_clip > 0 else math.inf
-    grad_norm = float(flat_grads.clip_grads(params, clip, flats))
-    loss, raw = float(loss_sum), float(raw_sum)
-    finite = math.isfinite(loss) and math.isfinite(grad_norm)
+    norm = flat_grads.clip_grads(params, clip, flats)
     factor = run.schedule.factor(step)
+    if run.compile == "step-graph" and flats is not None:
+        loss, raw, grad_norm = _update_unread(run, step, loss_sum, raw_sum, norm, flats)
+        finite = math.isfinite(loss) and math.isfinite(grad_norm)
+    else:
+        grad_norm = float(norm)
+        loss, raw = float(loss_sum), float(raw_sum)
+        finite = math.isfinite(loss) and math.isfinite(grad_norm)
+        if finite:
+            run.schedule.apply(run.optimizer, step)
+            run.optimizer.step()
     if finite:
-        run.schedule.apply(run.optimizer, step)
-        run.optimizer.step()
         run.state.step += 1
     flat_grads.zero_grads(run.optimizer, flats, set_to_none=not graphs)
     ms = (time.perf_counter() - started) * 1000
     samples = sum(len(micro_batch) for micro_batch in window)
     return StepResult(loss, raw, grad_norm, factor, samples, frames, ms, finite)
+
+
+def _update_unread(
+    run: DitRun,
+    step: int,
+    loss_sum: torch.Tensor,
+    raw_sum: torch.Tensor,
+    norm: torch.Tensor,
+    flats: flat_grads.FlatGrads,
+) -> tuple[float, float, float]:
+    """The update issued before the host reads the step's loss and gradient norm (compile
+    step-graph): the NaN stop's test runs on the device (`HybridOptimizer.step(found_inf)`: a
+    non-finite step changes nothing), so the host queues the optimizer while the GPU still runs
+    the replayed backward instead of waiting for it and then launching the optimizer onto an
+    idle GPU. The three numbers are copied out before the update's kernels and read after they
+    are queued. Returns (loss, raw loss, gradient norm)."""
+    readout = torch.stack([loss_sum.float(), raw_sum.float(), norm.float()])
+    found = (~torch.isfinite(readout).all()).float()
+    flats.finite_()  # a skipped step's gradients may hold NaN: 0 x NaN would reach the gate
+    if run.device.type == "cuda":
+        host = torch.empty(3, dtype=torch.float32, pin_memory=True)
+        host.copy_(readout, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+    run.schedule.apply(run.optimizer, step)
+    run.optimizer.step(found_inf=found)
+    if run.device.type == "cuda":
+        copied.synchronize()
+        readout = host
+    loss, raw, grad_norm = readout.tolist()
+    return loss, raw, grad_norm
 
 
 def _window_losses(

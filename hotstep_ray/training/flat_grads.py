@@ -75,6 +75,12 @@ class FlatGrads:
             flat.mul_(scale.to(flat.dtype))
         return total
 
+    def finite_(self) -> None:
+        """NaN and ±inf gradients set to 0 (finite ones unchanged): for an update gated on the
+        device (`optim.HybridOptimizer.step(found_inf)`), which scales a skipped step by 0."""
+        for flat in self.buffers:
+            flat.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+
     def all_reduce_(self, world_size: int) -> None:
         """Average the gradients over the workers: one all-reduce per buffer, in place."""
         import torch.distributed as dist

@@ -165,6 +165,9 @@ class Muon(torch.optim.Muon):
         on_cuda = any(p.is_cuda for group in self.param_groups for p in group["params"])
         self.ns_precision = resolve_ns_precision(ns_precision, on_cuda)
         self.bucket_size = bucket_size
+        # GradScaler's convention, as torch's fused AdamW: a float tensor, nonzero = this step's
+        # gradients are not finite and the step changes nothing (decided on the device)
+        self.found_inf: torch.Tensor | None = None
 
     @property
     def ns_dtype(self) -> torch.dtype:
@@ -179,12 +182,17 @@ class Muon(torch.optim.Muon):
             with torch.enable_grad():
                 loss = closure()
         precision = tf32_matmuls() if self.ns_precision == "tf32" else contextlib.nullcontext()
+        found = self.found_inf
+        if found is not None and self.ns_precision == "bfloat16":
+            if bool(found):  # the exact per-parameter loop has no device gate: ask the host
+                return loss
+            found = None
         with precision:
             for group in self.param_groups:
                 if self.ns_precision == "bfloat16":
                     self._step_per_parameter(group)
                 else:
-                    self._step_bucketed(group)
+                    self._step_bucketed(group, found)
         return loss
 
     def _step_per_parameter(self, group: dict[str, Any]) -> None:
@@ -208,7 +216,10 @@ class Muon(torch.optim.Muon):
                 ortho.to(param.dtype), alpha=-lr * lr_ratio(param.shape, group["adjust_lr_fn"])
             )
 
-    def _step_bucketed(self, group: dict[str, Any]) -> None:
+    def _step_bucketed(self, group: dict[str, Any], found: torch.Tensor | None = None) -> None:
+        """`found` (see `found_inf`): every change is scaled by keep = 1 − found on the device,
+        so a skipped step leaves parameters and momenta bit for bit (the gradients must then be
+        finite, e.g. zeroed: 0 × NaN is NaN)."""
         lr, momentum, decay = group["lr"], group["momentum"], group["weight_decay"]
         params = [p for p in group["params"] if p.grad is not None]
         if not params:
@@ -220,9 +231,19 @@ class Muon(torch.optim.Muon):
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(grad)
             bufs.append(state["momentum_buffer"])
-        torch._foreach_lerp_(bufs, grads, 1 - momentum)
-        if lr * decay != 0:  # p·1 is p: skipping is exact
-            torch._foreach_mul_(params, 1 - lr * decay)
+        keep = None
+        if found is None:
+            torch._foreach_lerp_(bufs, grads, 1 - momentum)
+            if lr * decay != 0:  # p·1 is p: skipping is exact
+                torch._foreach_mul_(params, 1 - lr * decay)
+        else:  # buf += (1 − μ)·keep·(g − buf); p ×= 1 − lr·wd·keep
+            keep = 1 - found.to(device=params[0].device, dtype=torch.float32)
+            delta = torch._foreach_sub(grads, bufs)
+            torch._foreach_mul_(delta, keep * (1 - momentum))
+            torch._foreach_add_(bufs, delta)
+            del delta
+            if lr * decay != 0:
+                torch._foreach_mul_(params, 1 - keep * (lr * decay))
 
         # (shape, dtypes, device) -> parameter indices. Exact shape, not "same wide side": NS
         # runs a tall `[in, r]` on its transposed VIEW, and stacking those views keeps that
@@ -234,7 +255,7 @@ class Muon(torch.optim.Muon):
         for members in buckets.values():
             cap = self.bucket_size or len(members)
             for start in range(0, len(members), cap):
-                self._bucket_update(group, params, grads, bufs, members[start : start + cap])
+                self._bucket_update(group, params, grads, bufs, members[start : start + cap], keep)
 
     def _bucket_update(
         self,
@@ -243,8 +264,10 @@ class Muon(torch.optim.Muon):
         grads: list[torch.Tensor],
         bufs: list[torch.Tensor],
         idx: list[int],
+        keep: torch.Tensor | None = None,
     ) -> None:
-        """One bucket of same-shape parameters: stack, one batched NS, scatter back."""
+        """One bucket of same-shape parameters: stack, one batched NS, scatter back (scaled by
+        `keep`, 0 or 1 on the device, when given)."""
         lr = group["lr"]
         if group["nesterov"]:  # u = g.lerp(buf, μ), in place on the fresh stack of g
             update = torch.stack([grads[i] for i in idx])
@@ -254,6 +277,8 @@ class Muon(torch.optim.Muon):
         ortho = newton_schulz(
             update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype
         )
+        if keep is not None:
+            ortho = ortho * keep.to(ortho.dtype)
         bucket = [params[i] for i in idx]
         # contiguous: a tall bucket comes back as a transposed view; foreach's fast path (one
         # launch per list, not per tensor) wants each slab laid out like its parameter.
@@ -288,9 +313,21 @@ class HybridOptimizer:
     def param_groups(self) -> list[dict[str, Any]]:
         return [group for _, opt in self._parts() for group in opt.param_groups]
 
-    def step(self) -> None:
+    def step(self, found_inf: torch.Tensor | None = None) -> None:
+        """`found_inf`: a float tensor on the parameters' device, nonzero when this step's
+        gradients are not finite: then nothing changes, and the host need not have read it
+        (Muon's bucketed step and torch's fused AdamW decide on the device; other paths read
+        it). Without it, the step as torch's optimizers take it."""
         for _, opt in self._parts():
-            opt.step()
+            fused = all(group.get("fused") for group in opt.param_groups)
+            if found_inf is None or isinstance(opt, Muon) or fused:
+                opt.found_inf = found_inf
+                try:
+                    opt.step()
+                finally:
+                    opt.found_inf = None
+            elif not bool(found_inf):
+                opt.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """`set_to_none=False` (the CUDA-graph trainers' stable gradient buffers) zeroes every

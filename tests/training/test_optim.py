@@ -416,3 +416,63 @@ def test_batched_bf16_newton_schulz_normalises_in_float32_then_iterates_in_bf16(
     for slab in out:
         assert (slab.double() - reference).abs().max() < 0.05 * reference.abs().max()
     assert optim.newton_schulz(grad.double(), NS, 5, 1e-7, torch.float64).dtype == torch.float64
+
+
+# ----------------------------------------------------------------------------- device gate
+
+
+@pytest.mark.parametrize("fused_adamw", [False, True])
+def test_found_inf_skips_the_whole_step_on_the_device_and_zero_takes_it(make_toy, fused_adamw):
+    """`HybridOptimizer.step(found_inf)`: nonzero leaves every parameter and every optimizer
+    state as it was (Muon's bucketed gate; torch's fused AdamW, or the host's read), zero takes
+    the same step as without it."""
+
+    def build():
+        model = adapters.inject(make_toy(0), AdapterSpec(kind="lokr", rank=8, alpha=4, factor=4))
+        named = adapters.trainable_parameters(model)
+        opt = optim.build_optimizer(named, "muon", lr=1e-2, weight_decay=0.1)
+        if fused_adamw:  # as on CUDA (fused there); torch's CPU kernel takes found_inf too
+            groups = [
+                {"params": g["params"], "base_lr": g["base_lr"]} for g in opt.adamw.param_groups
+            ]
+            opt.adamw = torch.optim.AdamW(groups, lr=1e-2, weight_decay=0.1, fused=True)
+        return [p for _, p in named], opt
+
+    def grads(params, seed):
+        generator = torch.Generator().manual_seed(seed)
+        for param in params:
+            param.grad = torch.randn(param.shape, generator=generator)
+
+    def snapshot(params, opt):
+        state = [
+            t.clone()
+            for o in (opt.muon, opt.adamw)
+            for s in o.state.values()
+            for t in s.values()
+            if isinstance(t, torch.Tensor)
+        ]
+        return [p.detach().clone() for p in params], state
+
+    gated_params, gated = build()
+    plain_params, plain = build()
+    assert plain.muon is not None and plain.adamw is not None  # both halves are exercised
+    assert bool(gated.adamw.param_groups[0]["fused"]) is fused_adamw
+    for step in range(3):  # zero: the plain step
+        grads(gated_params, step)
+        grads(plain_params, step)
+        gated.step(found_inf=torch.zeros(()))
+        plain.step()
+    for got, want in zip(gated_params, plain_params, strict=True):
+        # buf + (1 - mu)(g - buf) in two roundings against lerp's one: an ulp apart
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    before, state = snapshot(gated_params, gated)
+    grads(gated_params, 9)  # nonzero: NaN gradients zeroed first (flat_grads.finite_), as the
+    for param in gated_params:  # trainer does, and the step then changes nothing
+        param.grad[0] = float("nan")
+        param.grad.nan_to_num_(nan=0.0)
+    gated.step(found_inf=torch.ones(()))
+    after, state_after = snapshot(gated_params, gated)
+    assert all(torch.equal(a, b) for a, b in zip(after, before, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(state_after, state, strict=True))
+    assert gated.muon.found_inf is None  # not left behind
+    assert getattr(gated.adamw, "found_inf", None) is None

@@ -70,13 +70,14 @@ def storage(tmp_path) -> Storage:
     return store
 
 
-def graph_run(storage: Storage, tiny_dit_dir, start: dict, graphs: bool) -> dit.DitRun:
+def graph_run(storage: Storage, tiny_dit_dir, start: dict | None, graphs: bool) -> dit.DitRun:
     """A tiny LoRA run (two micro-batches a step, so two groups share a graph) from the given
     adapter values; with `graphs`, the step-graph path on `Recorder`s."""
     options = fast_options(batch=1, grad_accum=2, epochs=3)
     settings = dit.DitSettings(checkpoints_dir=str(tiny_dit_dir), step_event_interval_s=0.0)
     run = dit.setup(options, storage, SLUG, settings)
-    adapters.load_adapter_state(run.transformer, start)
+    if start is not None:
+        adapters.load_adapter_state(run.transformer, start)
     if graphs:  # what prepare sets on CUDA for compile "step-graph"
         run.compile = "step-graph"
         run.step_graphs = step_graph.StepGraphs(CPU)
@@ -119,3 +120,59 @@ def test_step_graph_is_refused_off_cuda() -> None:
     with pytest.raises(InputError, match="needs a CUDA device"):
         dit.compile_mode("step-graph", CPU)
     assert dit.compile_mode("off", CPU) == "off"
+
+
+def optimizer_tensors(run: dit.DitRun) -> list[torch.Tensor]:
+    """Every tensor of the optimizer's state (moments, momenta, step counts), copied."""
+    state = run.optimizer.state_dict()
+    return [
+        value.clone()
+        for part in state.values()
+        for per_param in part["state"].values()
+        for value in per_param.values()
+        if isinstance(value, torch.Tensor)
+    ]
+
+
+def test_a_non_finite_graph_step_changes_nothing(
+    storage, tiny_dit_dir, single_thread, monkeypatch
+) -> None:
+    """The step-graph update is queued before the host reads the loss (`dit._update_unread`):
+    a NaN step still leaves the adapter and the optimizer as they were, and is not counted."""
+    from hotstep_ray.training import dit_loss
+
+    run = graph_run(storage, tiny_dit_dir, None, graphs=True)
+    window = dit.epoch_windows(run, 1)[0]
+    assert dit.optimizer_step(run, window).finite  # captured (and counted)
+    original = dit_loss.flow_matching_loss
+    poison = {"on": True}
+
+    def poisoned(*args, **kwargs):
+        out = original(*args, **kwargs)
+        if poison["on"]:
+            out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(dit_loss, "flow_matching_loss", poisoned)
+    before = [p.detach().clone() for p in run.params]
+    state = optimizer_tensors(run)
+    assert state  # the first step made moments
+    result = dit.optimizer_step(run, window)  # a replay of the captured body
+    assert not result.finite and run.state.step == 1 and run.step_graphs.replays == 1
+    assert all(torch.equal(p, b) for p, b in zip(run.params, before, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(optimizer_tensors(run), state, strict=True))
+    poison["on"] = False
+    assert dit.optimizer_step(run, window).finite and run.state.step == 2
+    assert not all(torch.equal(p, b) for p, b in zip(run.params, before, strict=True))
+
+
+def test_auto_takes_step_graph_when_nothing_keeps_it_out() -> None:
+    assert dit.graph_mode("auto", "default", ckpt_layers=0, lora_dropout=0.0) == "step-graph"
+    # dropout draws inside the step: per-block graphs; checkpointed layers: no graphs
+    assert dit.graph_mode("auto", "default", 0, lora_dropout=0.1) == "reduce-overhead"
+    assert dit.graph_mode("auto", "default", ckpt_layers=4, lora_dropout=0.0) == "default"
+    assert dit.graph_mode("step-graph", "step-graph", 4, 0.0) == "default"
+    assert dit.graph_mode("step-graph", "step-graph", 0, 0.1) == "default"
+    assert dit.graph_mode("step-graph", "step-graph", 0, 0.0) == "step-graph"
+    assert dit.graph_mode("reduce-overhead", "reduce-overhead", 0, 0.0) == "reduce-overhead"
+    assert dit.graph_mode("auto", "off", 0, 0.0) == "off"  # the CPU
