@@ -426,6 +426,7 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
             "captures": graphs.captures,
             "replays": graphs.replays,
             "eager": graphs.eager,
+            "evictions": graphs.evictions,
             "failure": graphs.failure,
         }
     if ab[True]:

@@ -428,7 +428,7 @@ def prepare(
         events=events if settings.rank == 0 else None,
         params=[param for _, param in trainable],
     )
-    mode = graph_mode(options.compile, mode, fit.ckpt_layers, settings.lora_dropout)
+    mode = graph_mode(options.compile, mode, fit.ckpt_layers, spec.dropout)
     if options.compile == "step-graph" and mode != "step-graph":
         _log(
             run,
@@ -475,7 +475,11 @@ def compile_mode(requested: str, device: torch.device) -> str:
     in float32; bench/dit_compile_check.py). `step-graph` (DiT only): blocks compiled as
     `default`, each step's forwards and backwards captured whole (`training.step_graph`)."""
     if requested == "step-graph":
-        compiling.resolve_mode("default", device, "the DiT blocks")  # the same CUDA-only rule
+        if device.type != "cuda":
+            raise InputError(
+                f"compile 'step-graph' needs a CUDA device, this run is on {device}: it "
+                "captures CUDA graphs; use compile off or auto on the CPU"
+            )
         return requested
     return compiling.resolve_mode(requested, device, "the DiT blocks")
 
@@ -782,8 +786,9 @@ FLAT_GRADS = True
 # updating which guards tell graphs apart, so a skipping call could take another block's graph:
 # the skipping stops before the seen shapes could fill the limit). `guarded_step`'s recompile
 # from scratch forgets the shapes. Steps are not run inside another stance (the holdout eval's
-# force_eager is outside them). Off until the H200 measures it (`dit_bench --skip-seen-guards`,
-# bench/device/next_run.sh).
+# force_eager is outside them). Off: on the H200 (2B LoKR 512, 750 x 1, per-block graphs;
+# bench/device/run_s13_guards.sh, fifteenth device run) the policy's row took 68.20 ms per step
+# against 68.24 without it, and the "step-graph" mode evaluates no guard on replayed steps.
 SKIP_SEEN_GUARDS = False
 # A DiT block code's graphs per input shape, counted for the recompile-limit rule: 3 (first,
 # sliding and full-attention layers), doubled for headroom (checkpointed layers may add some).
@@ -892,7 +897,9 @@ def optimizer_step(
     groups = fold_groups(len(window), run.fold)
     shares = micro_batch_weights([sum(len(window[i]) for i in group) for group in groups])
     frames = sum(crop.frames for crops in draws.crops for crop in crops)
-    if run.step_graphs is not None and graphs:
+    # the graphs add into the flat buffers they were captured with (`StepGraphs.bind`); with
+    # FLAT_GRADS off, the data-parallel all-reduce would swap every .grad under them
+    if run.step_graphs is not None and graphs and FLAT_GRADS:
         loss_sum, raw_sum = captured_window(run, groups, shares, prepared)
     else:
         loss_sum, raw_sum = _window_losses(run, groups, shares, prepared)
@@ -909,7 +916,7 @@ def optimizer_step(
     factor = run.schedule.factor(step)
     if run.compile == "step-graph" and flats is not None:
         loss, raw, grad_norm = _update_unread(run, step, loss_sum, raw_sum, norm, flats)
-        finite = math.isfinite(loss) and math.isfinite(grad_norm)
+        finite = all(math.isfinite(v) for v in (loss, raw, grad_norm))  # the device's test
     else:
         grad_norm = float(norm)
         loss, raw = float(loss_sum), float(raw_sum)
@@ -1380,6 +1387,9 @@ def _adopt_fit(run: DitRun, saved: dict[str, Any]) -> None:
     )
     run.frames = dit_data.batch_frames(run.cache, plan.crop_frames)
     _install_checkpointing(run.transformer, plan.ckpt_layers, plan.trained_layers)
+    if plan.ckpt_layers > 0 and run.compile == "step-graph":  # recompute is not captured
+        run.compile, run.step_graphs = "default", None
+        _log(run, "the checkpoint's fit checkpoints layers: compiled blocks without step graphs")
     run.schedule = build_schedule(run.options, run.settings, run.cache, plan.batch)
     run.fold = fold_factor(run)  # sized for the adopted fit, not this GPU's own
 

@@ -314,10 +314,12 @@ class HybridOptimizer:
         return [group for _, opt in self._parts() for group in opt.param_groups]
 
     def step(self, found_inf: torch.Tensor | None = None) -> None:
-        """`found_inf`: a float tensor on the parameters' device, nonzero when this step's
-        gradients are not finite: then nothing changes, and the host need not have read it
-        (Muon's bucketed step and torch's fused AdamW decide on the device; other paths read
-        it). Without it, the step as torch's optimizers take it."""
+        """`found_inf`: a tensor on the parameters' device, nonzero when this step's gradients
+        are not finite: then nothing changes, and the host need not have read it (Muon's
+        bucketed step and torch's fused AdamW decide on the device; other paths read it).
+        Without it, the step as torch's optimizers take it."""
+        if found_inf is not None:  # exactly 1.0 or 0.0: fused AdamW skips on 1.0 only
+            found_inf = (found_inf != 0).to(torch.float32)
         for _, opt in self._parts():
             fused = all(group.get("fused") for group in opt.param_groups)
             if found_inf is None or isinstance(opt, Muon) or fused:

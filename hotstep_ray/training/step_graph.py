@@ -17,8 +17,12 @@ before any capture (`flat_grads.FlatGrads`), so a replay adds into them as the e
 Outputs (the step's loss sums) are the graph's own tensors: read them before the next replay.
 
 The graphs share one memory pool (the activations of one shape's forward are freed by its
-backward, and replays never overlap), so a second shape costs no second pool. Shapes past
-`limit` run the body eagerly.
+backward, and replays never overlap), so a second shape costs no second pool. The first step
+of a further shape runs eagerly beside that pool, though: when the GPU's free memory is below
+what the pool holds (what a step of a similar shape needs), the graphs are dropped first and
+come back at their shapes' next steps; after `limit` such evictions the run stops capturing.
+Shapes past `limit` run the body eagerly, as do shapes whose capture failed (`failure` says
+why; the other shapes keep their graphs).
 
 What the body must not do: synchronise with the host, copy from pageable host memory, or read
 anything that changes between steps other than its inputs (shares of the loss are part of the
@@ -36,37 +40,52 @@ import torch
 
 Body = Callable[[list[torch.Tensor | None]], list[torch.Tensor]]
 MAX_GRAPHS = 4  # input shapes with a graph: a run has one crop shape, plus a short last window
+ROOM_MARGIN = 1.25  # free memory wanted before a new shape's eager step, in pools' worth
 
 
 class Recorder:
-    """A CPU stand-in for `torch.cuda.CUDAGraph`: `replay` runs the recorded body again on the
-    same static inputs and copies its results into the outputs the capture returned."""
+    """A CPU stand-in for `torch.cuda.CUDAGraph`. Making one records the body and, as a CUDA
+    capture, computes nothing: `outputs` stays empty until the first `replay`, which runs the
+    body on the static inputs; every replay copies the body's results into those outputs."""
 
     def __init__(self, body: Body, inputs: list[torch.Tensor | None]) -> None:
         self.body, self.inputs = body, inputs
-        self.outputs = [out.detach().clone() for out in body(inputs)]
+        self.outputs: list[torch.Tensor] = []
         self.replays = 0
 
     def replay(self) -> None:
         self.replays += 1
-        for static, fresh in zip(self.outputs, self.body(self.inputs), strict=True):
-            static.copy_(fresh.detach())
+        fresh = [out.detach() for out in self.body(self.inputs)]
+        if not self.outputs:  # the first replay gives the outputs their storage
+            self.outputs.extend(out.clone() for out in fresh)
+            return
+        for static, value in zip(self.outputs, fresh, strict=True):
+            static.copy_(value)
 
 
 class StepGraphs:
     """One captured body per key (`__call__`). `device`: where the static inputs live; a CUDA
     device captures real graphs, another device uses `Recorder` (tests)."""
 
-    def __init__(self, device: torch.device, limit: int = MAX_GRAPHS) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        limit: int = MAX_GRAPHS,
+        free_bytes: Callable[[], int] | None = None,
+    ) -> None:
         self.device = device
         self.limit = limit
         self.graphs: dict[Hashable, tuple[Any, list[torch.Tensor | None], list[torch.Tensor]]] = {}
         self.pool: Any = None
+        self.pool_bytes = 0  # what the shared pool reserves (CUDA; measured around captures)
         self.captures = 0
         self.replays = 0
         self.eager = 0
-        self.failure = ""  # why capturing stopped (a capture raised): every key then runs eagerly
+        self.evictions = 0  # times the graphs were dropped to make room for a new shape's step
+        self.failed: set[Hashable] = set()  # keys whose capture raised: they run eagerly
+        self.failure = ""  # the last capture failure, or why capturing stopped
         self.reported = False  # the caller has logged `failure`
+        self._free_bytes = free_bytes or self._cuda_free_bytes
         self._bound: Any = None
         self._stream: Any = None  # the side stream of the eager runs, one for all captures
 
@@ -85,17 +104,34 @@ class StepGraphs:
             graph.replay()
             self.replays += 1
             return outputs
-        if len(self.graphs) >= self.limit or self.failure:
-            self.eager += 1
+        stopped = self.evictions > self.limit
+        if not stopped and key not in self.failed and self._make_room():
+            stopped = self.evictions > self.limit
+            if stopped:  # the GPU cannot hold a pool beside a step: no more graphs
+                self.failure = f"dropped the graphs {self.evictions} times for new shapes' steps"
+                self.reported = False
+        if stopped or key in self.failed or len(self.graphs) >= self.limit:
+            self.eager += 1  # beside the pool, which `_make_room` found room for
             return body([None if x is None else x.to(self.device) for x in inputs])
         static = [None if x is None else _device_copy(x, self.device) for x in inputs]
-        if self.device.type != "cuda":
-            recorder = Recorder(body, static)
-            self.graphs[key] = (recorder, static, recorder.outputs)
-            self.captures += 1
-            return [out.clone() for out in recorder.outputs]
         # the eager run is this step (its loss and gradients are kept); the capture then only
         # records, it computes nothing, so a failed one leaves the step's results whole
+        results = self._eager(body, static)
+        try:
+            graph, outputs = self._capture(body, static)
+        except Exception as exc:  # noqa: BLE001 - any capture fault: this key runs eagerly
+            self.failed.add(key)
+            self.failure = f"the capture failed ({type(exc).__name__}: {exc})"
+            self.reported = False
+            return results
+        self.graphs[key] = (graph, static, outputs)
+        self.captures += 1
+        return results
+
+    def _eager(self, body: Body, static: list[torch.Tensor | None]) -> list[torch.Tensor]:
+        """The step's own run on the static inputs, before its capture."""
+        if self.device.type != "cuda":
+            return [out.detach().clone() for out in body(static)]
         if self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
         results = _on_side_stream(body, static, self._stream)
@@ -104,19 +140,44 @@ class StepGraphs:
         # shape does not hold both (a one-off wait per shape).
         torch.cuda.current_stream().synchronize()
         torch.cuda.empty_cache()
+        return results
+
+    def _capture(self, body: Body, static: list[torch.Tensor | None]) -> tuple[Any, list]:
+        """(graph, its outputs): a CUDA graph of the body sharing the pool, or on another
+        device a `Recorder` that records the body without running it."""
+        if self.device.type != "cuda":
+            recorder = Recorder(body, static)
+            return recorder, recorder.outputs
+        reserved = torch.cuda.memory_reserved(self.device)
+        graph = torch.cuda.CUDAGraph()
         try:
-            graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
                 outputs = body(static)
-        except Exception as exc:  # noqa: BLE001 - any capture fault: keep the eager steps
-            self.failure = f"the capture failed ({type(exc).__name__}: {exc})"
-            self.clear()
-            return results
+        finally:
+            self.pool_bytes += max(0, torch.cuda.memory_reserved(self.device) - reserved)
         if self.pool is None:
             self.pool = graph.pool()
-        self.graphs[key] = (graph, static, outputs)
-        self.captures += 1
-        return results
+        return graph, outputs
+
+    def _make_room(self) -> bool:
+        """Before an eager step of a shape without a graph: drop the graphs (and their pool)
+        when the free memory is below what the pool holds, with a margin (`ROOM_MARGIN`).
+        Whether it dropped them."""
+        if not self.graphs or self._free_bytes() >= ROOM_MARGIN * self.pool_bytes:
+            return False
+        self.evictions += 1
+        self.clear()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return True
+
+    def _cuda_free_bytes(self) -> int:
+        """Free device memory, counting what torch's allocator holds unused; 0 off CUDA."""
+        if self.device.type != "cuda":
+            return 0
+        free, _ = torch.cuda.mem_get_info(self.device)
+        held = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        return free + held
 
     def bind(self, owner: Any) -> None:
         """The graphs add into the gradient buffers `owner` holds (`flat_grads.FlatGrads`): a
@@ -126,9 +187,10 @@ class StepGraphs:
             self._bound = owner
 
     def clear(self) -> None:
-        """Forget every graph (a fallback to steps without graphs)."""
+        """Forget every graph and the pool (the memory returns once nothing holds it)."""
         self.graphs.clear()
         self.pool = None
+        self.pool_bytes = 0
 
 
 def _device_copy(value: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -1,5 +1,5 @@
 #!/bin/bash
-# First call of the next session (issue 6), ~8.5 min, carry [".device_wheels"] (build the kit
+# Session 13, first call (issue 6; written in session 12 as next_run.sh), ~8.5 min, carry [".device_wheels"] (build the kit
 # first in a fresh checkout: bash bench/device/make_wheels.sh). Session 12 left
 # one gap: at batch 1 on 750- and 1500-frame crops LoKR 512 trails LoRA r64 by 12-17 ms
 # (run_s12b/c/e.sh), with the same GPU kernel time per step (32.3 ms) and a host-bound step.
