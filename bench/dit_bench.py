@@ -168,13 +168,6 @@ def parse_args() -> argparse.Namespace:
         "--profile-top", type=int, default=12, help="kernels listed by time in a profile"
     )
     parser.add_argument(
-        "--skip-seen-guards",
-        action=argparse.BooleanOptionalAction,
-        default=dit.SKIP_SEEN_GUARDS,
-        help="the trainer's policy: steps whose input shapes ran before skip Dynamo's "
-        "non-differentiating guards (dit.SKIP_SEEN_GUARDS)",
-    )
-    parser.add_argument(
         "--guards-ab",
         action="store_true",
         help="after the timed steps, time them again with Dynamo's guards skipped "
@@ -381,10 +374,8 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
         # The same steps, alternately with every guard and with Dynamo evaluating only those
         # that tell its cached graphs apart (every graph this row needs was compiled in the
         # warm-up), so drift and jitter fall on both: the host time the guards take per step,
-        # which a small GPU step cannot hide. A measurement only (the trainer's policy is
-        # --skip-seen-guards, which would override the guarded half: the two are refused
-        # together). The adapter and the optimizer come back as they were, as after the other
-        # extra measurements.
+        # which a small GPU step cannot hide. A measurement only. The adapter and the
+        # optimizer come back as they were, as after the other extra measurements.
         with unchanged(run):
             for i in range(2 * args.steps):
                 skip = i % 2 == 1
@@ -738,11 +729,6 @@ def main() -> int:
     adapters.KRON_FORWARD = args.kron_forward
     adapters.KRON_MERGED_MIN_TOKENS = args.kron_merged_min_tokens
     dit.FLAT_GRADS = args.flat_grads
-    dit.SKIP_SEEN_GUARDS = args.skip_seen_guards
-    if args.guards_ab and args.skip_seen_guards:  # the step's own stance would win
-        raise SystemExit(
-            "--guards-ab measures every guard against none: not with --skip-seen-guards"
-        )
     adapters.FUSED_MIX = args.fused_mix
     # No global TF32 switch: the bench runs the trainer's own precision settings (the product
     # sets none; Muon's Newton-Schulz has its own, --muon-ns-precision).

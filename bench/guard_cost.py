@@ -30,8 +30,9 @@ from hotstep_ray.training import adapters, dit  # noqa: E402
 
 def lookup_us(adapter: str, repeat: int) -> dict[str, float]:
     """Median over `repeat` profiled steps of Dynamo's cache lookup per block call (µs), with
-    every guard and with only the differentiating ones (`skip_guard_eval_unsafe`, the stance
-    `dit.SKIP_SEEN_GUARDS` steps take), alternately."""
+    every guard and with only the differentiating ones (`skip_guard_eval_unsafe`; the
+    trainer's policy of that stance, `SKIP_SEEN_GUARDS`, was removed after the H200 found no
+    gain: docs/BENCHMARKS.md, fifteenth run), alternately."""
     from torch.profiler import ProfilerActivity, profile
 
     args = dit_bench.tiny_cpu_args()

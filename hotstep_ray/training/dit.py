@@ -27,7 +27,6 @@ GPU bench uses it with random full-size models).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import statistics
@@ -173,8 +172,6 @@ class DitRun:
     grad_flats: flat_grads.FlatGrads | None = None  # the CUDA-graph step's gradient buffers
     step_graphs: step_graph.StepGraphs | None = None  # compile "step-graph": one per input shape
     prepared: PreparedWindow | None = None  # the next step's inputs, made during this backward
-    # input shapes a step of this process ran with every Dynamo guard (`SKIP_SEEN_GUARDS`)
-    guarded_shapes: set[tuple] = field(default_factory=set)
     started: float = field(default_factory=time.time)
 
     @property
@@ -774,48 +771,16 @@ GRAPH_MODES = ("reduce-overhead", "step-graph")  # steps that replay CUDA graphs
 FLAT_GRADS = True
 
 
-# Dynamo evaluates every guard of a compiled block at each call: on the H200 ~0.17 ms per 2B
-# block with LoRA and ~0.39 ms with LoKR (fourteenth device run), host time that a batch-1 step
-# on a short crop cannot hide behind its GPU work. With SKIP_SEEN_GUARDS a step whose forwards'
-# input shapes an earlier step of this process already ran (`input_shapes`) runs its forwards
-# under `skip_guard_eval_unsafe`, which keeps only the guards that tell the cached graphs apart
-# and the input shapes': that earlier step chose every graph with all guards, and nothing else
-# the guards read (module mode, adapter scale, autocast) changes between training steps. What it
-# must not meet: a shape no graph has (Dynamo then raises rather than compile, so new shapes keep
-# every guard), and a block code past Dynamo's recompile limit (it then runs eagerly and stops
-# updating which guards tell graphs apart, so a skipping call could take another block's graph:
-# the skipping stops before the seen shapes could fill the limit). `guarded_step`'s recompile
-# from scratch forgets the shapes. Steps are not run inside another stance (the holdout eval's
-# force_eager is outside them). Off: on the H200 (2B LoKR 512, 750 x 1, per-block graphs;
-# bench/device/run_s13_guards.sh, fifteenth device run) the policy's row took 68.20 ms per step
-# against 68.24 without it, and the "step-graph" mode evaluates no guard on replayed steps.
-SKIP_SEEN_GUARDS = False
-# A DiT block code's graphs per input shape, counted for the recompile-limit rule: 3 (first,
-# sliding and full-attention layers), doubled for headroom (checkpointed layers may add some).
-GRAPHS_PER_SHAPE = 6
-
-
 def input_shapes(prepared: PreparedWindow, fold: int, training: bool) -> tuple:
-    """What picks a step's compiled graphs: every fold group's host tensors (shape and dtype, or
-    None for an absent mask), the fold, and the module mode."""
+    """What picks a step's graphs (compiled blocks, and the step graph it keys): every fold
+    group's host tensors (shape and dtype, or None for an absent mask), the fold, and the
+    module mode."""
 
     def signature(batch: TrainBatch) -> tuple:
         values = (getattr(batch, f.name) for f in dataclasses.fields(batch))
         return tuple(None if v is None else (tuple(v.shape), v.dtype) for v in values)
 
     return (tuple(signature(batch) for batch in prepared.host), fold, training)
-
-
-def skips_guards(run: DitRun, prepared: PreparedWindow) -> tuple[bool, tuple | None]:
-    """Whether a step's forwards skip the guards (`SKIP_SEEN_GUARDS`), and the input shapes to
-    record once the step has run (None when the policy is off or the blocks are not compiled)."""
-    if not SKIP_SEEN_GUARDS or run.compile == "off":
-        return False, None
-    import torch._dynamo as dynamo
-
-    shapes = input_shapes(prepared, run.fold, run.transformer.training)
-    room = GRAPHS_PER_SHAPE * (len(run.guarded_shapes) + 1) <= dynamo.config.recompile_limit
-    return shapes in run.guarded_shapes and room, shapes
 
 
 def guarded_step(
@@ -844,7 +809,6 @@ def guarded_step(
         run.grad_flats = None  # plain compiled steps let autograd allocate gradients per step
         run.step_graphs = None
         dynamo.reset()
-        run.guarded_shapes.clear()  # no graph is cached any more
         compile_blocks(run.transformer, "default")
         run.compile = "default"
         return optimizer_step(run, window, next_window)
@@ -971,29 +935,19 @@ def _window_losses(
     draws, window, step, rank = prepared.draws, prepared.window, prepared.step, run.settings.rank
     loss_sum = torch.zeros((), device=run.device)
     raw_sum = torch.zeros((), device=run.device)
-    skip, shapes = skips_guards(run, prepared)
-    # set_stance takes effect when called (and restores on exit): called only to skip
-    stance = (
-        torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
-        if skip
-        else contextlib.nullcontext()
-    )
-    with stance:
-        for group, share, host in zip(groups, shares, prepared.host, strict=True):
-            out = micro_batch_loss(
-                run,
-                [crop for i in group for crop in draws.crops[i]],
-                torch.cat([draws.t[i] for i in group]),
-                torch.cat([draws.cfg_drop[i] for i in group]),
-                torch.cat([draws.weights[i] for i in group]),
-                [((run.options.seed, "noise", step, rank, i), len(window[i])) for i in group],
-                host,
-            )
-            (out.loss * share).backward()
-            loss_sum += out.loss.detach() * share
-            raw_sum += out.raw_loss * share
-    if shapes is not None:
-        run.guarded_shapes.add(shapes)
+    for group, share, host in zip(groups, shares, prepared.host, strict=True):
+        out = micro_batch_loss(
+            run,
+            [crop for i in group for crop in draws.crops[i]],
+            torch.cat([draws.t[i] for i in group]),
+            torch.cat([draws.cfg_drop[i] for i in group]),
+            torch.cat([draws.weights[i] for i in group]),
+            [((run.options.seed, "noise", step, rank, i), len(window[i])) for i in group],
+            host,
+        )
+        (out.loss * share).backward()
+        loss_sum += out.loss.detach() * share
+        raw_sum += out.raw_loss * share
     return loss_sum, raw_sum
 
 

@@ -99,6 +99,21 @@ def fast_options(**overrides) -> TrainDitOptions:
     return TrainDitOptions(**values)
 
 
+def random_adapter_start(storage: Storage, tiny_dit_dir: Path, seed: int, **options) -> dict:
+    """Adapter values for a tiny run (`fast_options(**options)`) with B != 0, so every step
+    moves every factor: for tests that train two runs from the same start and compare them."""
+    from hotstep_ray.training import adapters, dit
+
+    probe = dit.setup(
+        fast_options(**options), storage, SLUG, dit.DitSettings(checkpoints_dir=str(tiny_dit_dir))
+    )
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        key: 0.05 * torch.randn(value.shape, generator=generator)
+        for key, value in adapters.adapter_state_dict(probe.transformer).items()
+    }
+
+
 @pytest.fixture(scope="session", name="tiny_dit_dir")
 def tiny_dit_dir_fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny turbo DiT, written once per session (folder name = the variant key)."""

@@ -10,6 +10,7 @@ import torch
 from test_dit_support import (  # noqa: F401  (fixtures)
     SLUG,
     fast_options,
+    random_adapter_start,
     single_thread_fixture,
     tiny_dit_dir_fixture,
     write_cache,
@@ -133,17 +134,7 @@ def graph_run(
 
 
 def test_graph_steps_train_as_the_plain_steps(storage, tiny_dit_dir, single_thread) -> None:
-    probe = dit.setup(
-        fast_options(batch=1, grad_accum=2),
-        storage,
-        SLUG,
-        dit.DitSettings(checkpoints_dir=str(tiny_dit_dir)),
-    )
-    generator = torch.Generator().manual_seed(3)
-    start = {  # B != 0, so every step moves every factor
-        key: 0.05 * torch.randn(value.shape, generator=generator)
-        for key, value in adapters.adapter_state_dict(probe.transformer).items()
-    }
+    start = random_adapter_start(storage, tiny_dit_dir, 3, batch=1, grad_accum=2)
     results = {}
     for graphs in (False, True):
         run = graph_run(storage, tiny_dit_dir, start, graphs)
@@ -243,3 +234,22 @@ def test_resuming_a_fit_with_checkpointed_layers_leaves_step_graph(storage, tiny
     dit._adopt_fit(run, saved)
     assert run.fit.ckpt_layers == 1
     assert run.compile == "default" and run.step_graphs is None
+
+
+def test_input_shapes_tell_masks_batch_and_mode_apart(storage, tiny_dit_dir) -> None:
+    """The step graph's key (with the shares): what changes the captured work changes it."""
+    run = dit.setup(
+        fast_options(batch=2, grad_accum=1),
+        storage,
+        SLUG,
+        dit.DitSettings(checkpoints_dir=str(tiny_dit_dir)),
+    )
+    windows = dit.epoch_windows(run, 1)
+    two, one = (dit.prepare_window(run, w, 0) for w in windows[:2])
+    assert dit.input_shapes(two, 1, True) == dit.input_shapes(two, 1, True)
+    assert dit.input_shapes(two, 1, True) != dit.input_shapes(one, 1, True)  # batch 2 vs 1
+    assert dit.input_shapes(two, 1, True) != dit.input_shapes(two, 1, False)  # train vs eval
+    assert dit.input_shapes(two, 1, True) != dit.input_shapes(two, 2, True)  # fold
+    masked = dit.input_shapes(two, 1, True)[0][0]
+    two.host[0].latent_mask = None  # no padding in this batch: a different graph
+    assert dit.input_shapes(two, 1, True)[0][0] != masked
