@@ -37,6 +37,8 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 Body = Callable[[list[torch.Tensor | None]], list[torch.Tensor]]
 MAX_GRAPHS = 4  # input shapes with a graph: a run has one crop shape, plus a short last window
@@ -46,21 +48,59 @@ ROOM_MARGIN = 1.25  # free memory wanted before a new shape's eager step, in poo
 class Recorder:
     """A CPU stand-in for `torch.cuda.CUDAGraph`. Making one records the body and, as a CUDA
     capture, computes nothing: `outputs` stays empty until the first `replay`, which runs the
-    body on the static inputs; every replay copies the body's results into those outputs."""
+    body on the static inputs; every replay copies the body's results into those outputs.
+
+    A CUDA graph replays the work it captured, with every Python number baked in. A body that
+    reads host state beyond its inputs would be re-read here and pass, so each replay logs its
+    ops with their non-tensor arguments and must repeat the first replay's log exactly
+    (`HostStateChanged` otherwise)."""
 
     def __init__(self, body: Body, inputs: list[torch.Tensor | None]) -> None:
         self.body, self.inputs = body, inputs
         self.outputs: list[torch.Tensor] = []
         self.replays = 0
+        self.ops: list[tuple[str, tuple[str, ...]]] | None = None  # the first replay's log
 
     def replay(self) -> None:
         self.replays += 1
-        fresh = [out.detach() for out in self.body(self.inputs)]
+        with _OpLog() as log:
+            fresh = [out.detach() for out in self.body(self.inputs)]
+        if self.ops is None:
+            self.ops = log.ops
+        elif log.ops != self.ops:
+            changed = next(
+                (i for i, (a, b) in enumerate(zip(log.ops, self.ops, strict=False)) if a != b),
+                min(len(log.ops), len(self.ops)),
+            )
+            raise HostStateChanged(
+                f"replay {self.replays} ran other work than the first at op {changed} "
+                f"({self.ops[changed] if changed < len(self.ops) else 'end'} -> "
+                f"{log.ops[changed] if changed < len(log.ops) else 'end'}): a CUDA graph "
+                "would have replayed the first; put what changed in the key or the inputs"
+            )
         if not self.outputs:  # the first replay gives the outputs their storage
             self.outputs.extend(out.clone() for out in fresh)
             return
         for static, value in zip(self.outputs, fresh, strict=True):
             static.copy_(value)
+
+
+class HostStateChanged(AssertionError):
+    """A `Recorder` replay did other work than its first (see `Recorder`)."""
+
+
+class _OpLog(TorchDispatchMode):
+    """Every aten op run inside, with its non-tensor arguments (as text)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, tuple[str, ...]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        leaves = tree_leaves((args, kwargs))
+        self.ops.append((str(func), tuple(repr(x) for x in leaves if not torch.is_tensor(x))))
+        return func(*args, **kwargs)
 
 
 class StepGraphs:

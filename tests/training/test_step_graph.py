@@ -98,6 +98,21 @@ def test_graphs_are_dropped_when_a_new_shapes_step_would_not_fit_beside_them() -
     assert graphs.graphs == {}  # eager from now on
 
 
+def test_a_body_reading_host_state_fails_on_the_cpu_as_it_would_misreplay_on_cuda() -> None:
+    scale = {"value": 2.0}
+
+    def body(static):  # reads a Python number that is neither an input nor in the key
+        return [static[0] * scale["value"]]
+
+    graphs = step_graph.StepGraphs(CPU)
+    graphs("a", [torch.ones(2)], body)
+    assert graphs("a", [torch.ones(2)], body)[0].tolist() == [2.0, 2.0]  # first replay
+    assert graphs("a", [torch.full((2,), 3.0)], body)[0].tolist() == [6.0, 6.0]  # same work
+    scale["value"] = 5.0  # a CUDA graph would still multiply by 2
+    with pytest.raises(step_graph.HostStateChanged, match="put what changed in the key"):
+        graphs("a", [torch.ones(2)], body)
+
+
 def test_new_gradient_buffers_forget_the_graphs() -> None:
     graphs = step_graph.StepGraphs(CPU)
     body = doubling_body([])
@@ -122,7 +137,7 @@ def graph_run(
 ) -> dit.DitRun:
     """A tiny LoRA run (two micro-batches a step, so two groups share a graph) from the given
     adapter values; with `graphs`, the step-graph path on `Recorder`s."""
-    options = fast_options(**{"batch": 1, "grad_accum": 2, "epochs": 3, **overrides})
+    options = fast_options(**{"batch": 1, "grad_accum": 2, "epochs": 6, **overrides})
     settings = dit.DitSettings(checkpoints_dir=str(tiny_dit_dir), step_event_interval_s=0.0)
     run = dit.setup(options, storage, SLUG, settings)
     if start is not None:
@@ -139,16 +154,19 @@ def test_graph_steps_train_as_the_plain_steps(storage, tiny_dit_dir, single_thre
     for graphs in (False, True):
         run = graph_run(storage, tiny_dit_dir, start, graphs)
         losses = []
-        for epoch in (1, 2, 3):
+        for epoch in range(1, 7):  # enough steps that a shape replays more than once
             for window in dit.epoch_windows(run, epoch):
                 result = dit.optimizer_step(run, window)
                 losses.append((result.loss, result.raw_loss, result.grad_norm, result.frames))
         results[graphs] = (losses, [p.detach().clone() for p in run.params], run.step_graphs)
     plain, plain_params, _ = results[False]
     losses, params, graphs = results[True]
-    # each window shape is captured once (its first step), every later step replays
-    assert graphs.captures >= 1 and graphs.eager == 0
-    assert graphs.replays + graphs.captures == len(losses)
+    # each window shape is captured once (its first step), later steps replay; shapes past
+    # the limit (song order and masks make five here) run eagerly
+    assert graphs.captures == graphs.limit and graphs.eager >= 1
+    assert graphs.replays + graphs.captures + graphs.eager == len(losses)
+    # the Recorder compared a replay's work with an earlier one's (`HostStateChanged`)
+    assert max(recorder.replays for recorder, _, _ in graphs.graphs.values()) >= 2
     for got, want in zip(losses, plain, strict=True):
         assert got == pytest.approx(want, rel=1e-5, abs=1e-7)
     for now, then in zip(params, plain_params, strict=True):
@@ -179,24 +197,24 @@ def test_a_non_finite_graph_step_changes_nothing(
 ) -> None:
     """The step-graph update is queued before the host reads the loss (`dit._update_unread`):
     a NaN step still leaves the adapter and the optimizer as they were, and is not counted.
-    Muon: the tiny LoRA's factors (short side 4) take Muon's device gate; AdamW on the CPU is
-    torch's unfused one, which the host's read gates."""
-    from hotstep_ray.training import dit_loss
-
+    The NaN comes in with the step's noise, an input of the graph, as bad data would (a patched
+    loss would be host state the graph bakes in). Muon: the tiny LoRA's factors (short side 4)
+    take Muon's device gate; AdamW on the CPU is torch's unfused one, which the host's read
+    gates."""
     run = graph_run(storage, tiny_dit_dir, None, graphs=True, optimizer=optimizer, muon_min_dim=2)
     assert bool(run.optimizer.muon) is (optimizer == "muon")
     window = dit.epoch_windows(run, 1)[0]
     assert dit.optimizer_step(run, window).finite  # captured (and counted)
-    original = dit_loss.flow_matching_loss
+    original = dit.draw_noise
     poison = {"on": True}
 
     def poisoned(*args, **kwargs):
-        out = original(*args, **kwargs)
+        noise = original(*args, **kwargs)
         if poison["on"]:
-            out.loss = out.loss * float("nan")
-        return out
+            noise[0, 0, 0] = float("nan")
+        return noise
 
-    monkeypatch.setattr(dit_loss, "flow_matching_loss", poisoned)
+    monkeypatch.setattr(dit, "draw_noise", poisoned)
     before = [p.detach().clone() for p in run.params]
     state = optimizer_tensors(run)
     assert state  # the first step made moments
@@ -206,6 +224,7 @@ def test_a_non_finite_graph_step_changes_nothing(
     assert all(torch.equal(a, b) for a, b in zip(optimizer_tensors(run), state, strict=True))
     poison["on"] = False
     assert dit.optimizer_step(run, window).finite and run.state.step == 2
+    assert run.step_graphs.replays == 2  # the same graph, finite again
     assert not all(torch.equal(p, b) for p, b in zip(run.params, before, strict=True))
 
 
