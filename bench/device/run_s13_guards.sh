@@ -39,5 +39,6 @@ row lokr_750_b1_guards 170 --adapters lokr512 --guards-ab
 row lora_750_b1_guards 150 --adapters lora64 --guards-ab
 # the trainer's own policy (dit.SKIP_SEEN_GUARDS, off by default; removed with its flag after this run): every timed step repeats the
 # warm-up's shapes, so all of them skip; compare with the LoKR row's step_ms
-KEEP_LOG=0 row lokr_750_b1_skipseen 150 --adapters lokr512 --skip-seen-guards
+# (the flag is gone since; this row runs only at f755b02)
+# KEEP_LOG=0 row lokr_750_b1_skipseen 150 --adapters lokr512 --skip-seen-guards
 cat $OUT/*.guards.txt

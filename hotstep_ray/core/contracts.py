@@ -387,9 +387,9 @@ class TrainDitOptions(Options):
     holdout_fraction: float = Field(default=0.0, ge=0, lt=1)  # as TrainLmOptions; 0 = off
     # torch.compile of each DiT block. "step-graph": compiled blocks, each step's forwards and
     # backwards replayed as one CUDA graph (training.step_graph); "reduce-overhead": a CUDA
-    # graph per block call. "auto" on CUDA = step-graph when no layer is checkpointed and
-    # lora_dropout is 0, reduce-overhead with dropout, else "default"; off on the CPU
-    # (dit.graph_mode, docs/BENCHMARKS.md).
+    # graph per block call. "auto" on CUDA = step-graph when no layer is checkpointed and the
+    # adapter has no dropout (LoKR never has), reduce-overhead with dropout, else "default";
+    # off on the CPU (dit.graph_mode, docs/BENCHMARKS.md).
     compile: DitCompileMode = "auto"
 
     @model_validator(mode="after")

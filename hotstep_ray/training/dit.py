@@ -848,7 +848,7 @@ def optimizer_step(
     graphs = run.compile in GRAPH_MODES
     if run.compile == "reduce-overhead":
         torch.compiler.cudagraph_mark_step_begin()
-    if run.settings.lora_dropout > 0:  # peft's dropout draws from the global RNG
+    if run.spec.dropout > 0:  # peft's dropout draws from the global RNG
         torch.manual_seed(dit_data.derived_seed(run.options.seed, "dropout", step, rank))
     prepared = _take_prepared(run, window, step)
     draws = prepared.draws
@@ -884,7 +884,7 @@ def optimizer_step(
     else:
         grad_norm = float(norm)
         loss, raw = float(loss_sum), float(raw_sum)
-        finite = math.isfinite(loss) and math.isfinite(grad_norm)
+        finite = all(math.isfinite(v) for v in (loss, raw, grad_norm))
         if finite:
             run.schedule.apply(run.optimizer, step)
             run.optimizer.step()
@@ -998,7 +998,7 @@ def captured_window(
     loss_sum, raw_sum = graphs(key, inputs, body)
     if graphs.failure and not graphs.reported:
         graphs.reported = True
-        _log(run, f"compile step-graph: {graphs.failure}; later steps run without it", "warn")
+        _log(run, f"compile step-graph: {graphs.failure}", "warn")
     return loss_sum, raw_sum
 
 
@@ -1341,9 +1341,14 @@ def _adopt_fit(run: DitRun, saved: dict[str, Any]) -> None:
     )
     run.frames = dit_data.batch_frames(run.cache, plan.crop_frames)
     _install_checkpointing(run.transformer, plan.ckpt_layers, plan.trained_layers)
-    if plan.ckpt_layers > 0 and run.compile == "step-graph":  # recompute is not captured
-        run.compile, run.step_graphs = "default", None
-        _log(run, "the checkpoint's fit checkpoints layers: compiled blocks without step graphs")
+    if plan.ckpt_layers > 0 and run.compile in GRAPH_MODES:  # recompute is not captured
+        if run.compile == "reduce-overhead":  # its blocks were compiled with graph trees
+            import torch._dynamo as dynamo
+
+            dynamo.reset()
+            compile_blocks(run.transformer, "default")
+        run.compile, run.step_graphs, run.grad_flats = "default", None, None
+        _log(run, "the checkpoint's fit checkpoints layers: compiled blocks without CUDA graphs")
     run.schedule = build_schedule(run.options, run.settings, run.cache, plan.batch)
     run.fold = fold_factor(run)  # sized for the adopted fit, not this GPU's own
 

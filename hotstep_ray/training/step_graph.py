@@ -18,11 +18,12 @@ Outputs (the step's loss sums) are the graph's own tensors: read them before the
 
 The graphs share one memory pool (the activations of one shape's forward are freed by its
 backward, and replays never overlap), so a second shape costs no second pool. The first step
-of a further shape runs eagerly beside that pool, though: when the GPU's free memory is below
-what the pool holds (what a step of a similar shape needs), the graphs are dropped first and
-come back at their shapes' next steps; after `limit` such evictions the run stops capturing.
-Shapes past `limit` run the body eagerly, as do shapes whose capture failed (`failure` says
-why; the other shapes keep their graphs).
+of a further shape runs eagerly beside that pool, though: when the memory a step could use is
+below the largest pool so far (what a step of a similar shape needs), the graphs are dropped
+first and come back at their shapes' next steps; at `MAX_EVICTIONS` such drops the run stops
+capturing. Shapes past `limit` run the body eagerly (with the same room check). A failed
+capture also stops capturing (`failure` says why): torch's allocator may keep a pool in use
+after one.
 
 What the body must not do: synchronise with the host, copy from pageable host memory, or read
 anything that changes between steps other than its inputs (shares of the loss are part of the
@@ -33,6 +34,7 @@ the CPU: tests check the plumbing (static inputs, outputs, keys) against eager s
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -42,6 +44,7 @@ from torch.utils._pytree import tree_leaves
 
 Body = Callable[[list[torch.Tensor | None]], list[torch.Tensor]]
 MAX_GRAPHS = 4  # input shapes with a graph: a run has one crop shape, plus a short last window
+MAX_EVICTIONS = 4  # drops of every graph for room, after which a run stops capturing
 ROOM_MARGIN = 1.25  # free memory wanted before a new shape's eager step, in pools' worth
 
 
@@ -105,25 +108,29 @@ class _OpLog(TorchDispatchMode):
 
 class StepGraphs:
     """One captured body per key (`__call__`). `device`: where the static inputs live; a CUDA
-    device captures real graphs, another device uses `Recorder` (tests)."""
+    device captures real graphs, another device uses `Recorder` (tests). `free_bytes`: the
+    device memory a step could still use (default: `_cuda_free_bytes`; tests inject one)."""
 
     def __init__(
         self,
         device: torch.device,
         limit: int = MAX_GRAPHS,
         free_bytes: Callable[[], int] | None = None,
+        max_evictions: int = MAX_EVICTIONS,
     ) -> None:
         self.device = device
         self.limit = limit
+        self.max_evictions = max_evictions
         self.graphs: dict[Hashable, tuple[Any, list[torch.Tensor | None], list[torch.Tensor]]] = {}
         self.pool: Any = None
         self.pool_bytes = 0  # what the shared pool reserves (CUDA; measured around captures)
+        self.step_bytes = 0  # the largest pool so far: what an eager step beside one needs
         self.captures = 0
         self.replays = 0
         self.eager = 0
-        self.evictions = 0  # times the graphs were dropped to make room for a new shape's step
-        self.failed: set[Hashable] = set()  # keys whose capture raised: they run eagerly
-        self.failure = ""  # the last capture failure, or why capturing stopped
+        self.evictions = 0  # times the graphs were dropped to make room for an eager step
+        self.stopped = False  # no more captures (a capture failed, or too many evictions)
+        self.failure = ""  # why capturing stopped
         self.reported = False  # the caller has logged `failure`
         self._free_bytes = free_bytes or self._cuda_free_bytes
         self._bound: Any = None
@@ -134,7 +141,7 @@ class StepGraphs:
     ) -> list[torch.Tensor]:
         """The body's outputs for `inputs` (host or device tensors, None kept as None): a
         replay when `key` has a graph, else the eager body on fresh static inputs followed by
-        the capture (up to `limit` keys; past it, the eager body on the inputs)."""
+        the capture (up to `limit` keys; past it, or once stopped, the eager body alone)."""
         found = self.graphs.get(key)
         if found is not None:
             graph, static, outputs = found
@@ -144,14 +151,14 @@ class StepGraphs:
             graph.replay()
             self.replays += 1
             return outputs
-        stopped = self.evictions > self.limit
-        if not stopped and key not in self.failed and self._make_room():
-            stopped = self.evictions > self.limit
-            if stopped:  # the GPU cannot hold a pool beside a step: no more graphs
-                self.failure = f"dropped the graphs {self.evictions} times for new shapes' steps"
-                self.reported = False
-        if stopped or key in self.failed or len(self.graphs) >= self.limit:
-            self.eager += 1  # beside the pool, which `_make_room` found room for
+        # an eager step beside the pool: drop the graphs first if it would not fit
+        if self._make_room() and self.evictions >= self.max_evictions:
+            self._stop(
+                f"dropped the graphs {self.evictions} times to fit eager steps of new shapes "
+                "beside them; later steps run without graphs"
+            )
+        if self.stopped or len(self.graphs) >= self.limit:
+            self.eager += 1
             return body([None if x is None else x.to(self.device) for x in inputs])
         static = [None if x is None else _device_copy(x, self.device) for x in inputs]
         # the eager run is this step (its loss and gradients are kept); the capture then only
@@ -159,14 +166,22 @@ class StepGraphs:
         results = self._eager(body, static)
         try:
             graph, outputs = self._capture(body, static)
-        except Exception as exc:  # noqa: BLE001 - any capture fault: this key runs eagerly
-            self.failed.add(key)
-            self.failure = f"the capture failed ({type(exc).__name__}: {exc})"
-            self.reported = False
+        except Exception as exc:  # noqa: BLE001 - any capture fault: no more graphs
+            # After a failed capture torch's allocator may keep the shared pool in use, so
+            # nothing is captured into it again (a later step of this shape would fail alike).
+            cause = f"; during: {exc.__context__!r}" if exc.__context__ is not None else ""
+            self._stop(
+                f"a capture failed ({type(exc).__name__}: {exc}{cause}); later steps run "
+                "without graphs"
+            )
             return results
         self.graphs[key] = (graph, static, outputs)
         self.captures += 1
         return results
+
+    def _stop(self, why: str) -> None:
+        self.stopped, self.failure, self.reported = True, why, False
+        self.clear()
 
     def _eager(self, body: Body, static: list[torch.Tensor | None]) -> list[torch.Tensor]:
         """The step's own run on the static inputs, before its capture."""
@@ -188,22 +203,23 @@ class StepGraphs:
         if self.device.type != "cuda":
             recorder = Recorder(body, static)
             return recorder, recorder.outputs
+        gc.collect()  # what torch.cuda.graph frees on entry, freed before the baseline
+        torch.cuda.empty_cache()
         reserved = torch.cuda.memory_reserved(self.device)
         graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph, pool=self.pool):
-                outputs = body(static)
-        finally:
-            self.pool_bytes += max(0, torch.cuda.memory_reserved(self.device) - reserved)
+        with torch.cuda.graph(graph, pool=self.pool):
+            outputs = body(static)
+        self.pool_bytes += max(0, torch.cuda.memory_reserved(self.device) - reserved)
+        self.step_bytes = max(self.step_bytes, self.pool_bytes)
         if self.pool is None:
             self.pool = graph.pool()
         return graph, outputs
 
     def _make_room(self) -> bool:
         """Before an eager step of a shape without a graph: drop the graphs (and their pool)
-        when the free memory is below what the pool holds, with a margin (`ROOM_MARGIN`).
-        Whether it dropped them."""
-        if not self.graphs or self._free_bytes() >= ROOM_MARGIN * self.pool_bytes:
+        when the memory a step could use is below the largest pool so far, with a margin
+        (`ROOM_MARGIN`). Whether it dropped them."""
+        if not self.graphs or self._free_bytes() >= ROOM_MARGIN * self.step_bytes:
             return False
         self.evictions += 1
         self.clear()
@@ -212,12 +228,14 @@ class StepGraphs:
         return True
 
     def _cuda_free_bytes(self) -> int:
-        """Free device memory, counting what torch's allocator holds unused; 0 off CUDA."""
+        """Free device memory plus what torch's allocator reserves unused outside the graphs'
+        pool (the pool's blocks count as unallocated between replays, but only replays use
+        them); 0 off CUDA."""
         if self.device.type != "cuda":
             return 0
         free, _ = torch.cuda.mem_get_info(self.device)
         held = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
-        return free + held
+        return free + max(0, held - self.pool_bytes)
 
     def bind(self, owner: Any) -> None:
         """The graphs add into the gradient buffers `owner` holds (`flat_grads.FlatGrads`): a

@@ -52,11 +52,10 @@ def test_a_key_is_captured_once_then_replayed_on_the_new_inputs() -> None:
     assert graphs("a", [torch.tensor([0.5, 0.5]), None], body)[0].tolist() == [1.0, 1.0]
 
 
-def test_a_failed_capture_runs_only_its_key_eagerly(monkeypatch) -> None:
+def test_a_failed_capture_keeps_its_step_and_stops_capturing(monkeypatch) -> None:
     graphs = step_graph.StepGraphs(CPU)
     body = doubling_body([])
     graphs("a", [torch.ones(2), None], body)
-    real = graphs._capture
 
     def failing(body, static):
         raise RuntimeError("operation not permitted when stream is capturing")
@@ -64,38 +63,37 @@ def test_a_failed_capture_runs_only_its_key_eagerly(monkeypatch) -> None:
     monkeypatch.setattr(graphs, "_capture", failing)
     out = graphs("b", [torch.full((2,), 3.0), None], body)
     assert out[0].tolist() == [6.0, 6.0]  # the step's own eager run is kept
-    assert graphs.failed == {"b"} and "not permitted" in graphs.failure and not graphs.reported
-    monkeypatch.setattr(graphs, "_capture", real)
-    assert graphs("b", [torch.ones(2), None], body)[0].tolist() == [2.0, 2.0]
-    assert graphs.eager == 1 and "b" not in graphs.graphs  # no second try for that shape
+    assert graphs.stopped and "not permitted" in graphs.failure and not graphs.reported
+    assert graphs.graphs == {}  # the pool may be unusable: no graph is replayed from it
     assert graphs("a", [torch.ones(2), None], body)[0].tolist() == [2.0, 2.0]
-    assert graphs.replays == 1  # the other shape kept its graph
+    assert (graphs.captures, graphs.replays, graphs.eager) == (1, 0, 1)
 
 
 def test_graphs_are_dropped_when_a_new_shapes_step_would_not_fit_beside_them() -> None:
     free = {"bytes": 1000}
-    graphs = step_graph.StepGraphs(CPU, limit=2, free_bytes=lambda: free["bytes"])
+    graphs = step_graph.StepGraphs(CPU, limit=2, free_bytes=lambda: free["bytes"], max_evictions=3)
     body = doubling_body([])
     graphs("a", [torch.ones(2), None], body)
-    graphs.pool_bytes = 100  # as a CUDA capture measures it
-    graphs("b", [torch.ones(3), None], body)  # 1000 free >= 1.25 x 100: both kept
+    graphs.step_bytes = 100  # the largest pool, as CUDA captures measure it
+    graphs("b", [torch.ones(3), None], body)  # 1000 >= 1.25 x 100: both kept
     assert set(graphs.graphs) == {"a", "b"} and graphs.evictions == 0
-    graphs.graphs.pop("b")
     free["bytes"] = 120  # < 125: the pool goes before the eager step
-    out = graphs("b", [torch.ones(3), None], body)
-    assert out[0].tolist() == [2.0] * 3 and set(graphs.graphs) == {"b"}
-    assert graphs.evictions == 1 and graphs.pool_bytes == 0
-    # a shape that comes back is captured again (no room needed: pool_bytes is 0 on the CPU)
-    assert graphs("a", [torch.ones(2), None], body)[0].tolist() == [2.0, 2.0]
-    assert set(graphs.graphs) == {"a", "b"}
-    for key in ("c", "d"):  # past `limit` evictions the run stops capturing
-        graphs.pool_bytes = 100
-        graphs(key, [torch.ones(1), None], body)
+    out = graphs("c", [torch.ones(1), None], body)  # past the limit, and no room
+    assert out[0].tolist() == [2.0] and set(graphs.graphs) == {"c"}
+    assert graphs.evictions == 1 and graphs.pool_bytes == 0 and graphs.step_bytes == 100
+    assert graphs("a", [torch.ones(2), None], body)[0].tolist() == [2.0, 2.0]  # evicts again
+    assert set(graphs.graphs) == {"a"} and graphs.evictions == 2 and not graphs.stopped
+    graphs("b", [torch.ones(3), None], body)  # the third drop stops capturing
     assert (
-        graphs.evictions == 3 and graphs.graphs == {} and "dropped the graphs" in (graphs.failure)
+        graphs.stopped and graphs.graphs == {} and "dropped the graphs 3 times" in (graphs.failure)
     )
     assert graphs("a", [torch.ones(2), None], body)[0].tolist() == [2.0, 2.0]
-    assert graphs.graphs == {}  # eager from now on
+    assert graphs.graphs == {} and graphs.eager == 2  # eager from now on
+    free["bytes"] = 10**9
+    graphs.stopped, graphs.evictions = False, 0
+    graphs("a", [torch.ones(2), None], body)  # with room, nothing is dropped
+    graphs("b", [torch.ones(3), None], body)
+    assert set(graphs.graphs) == {"a", "b"} and graphs.evictions == 0
 
 
 def test_a_body_reading_host_state_fails_on_the_cpu_as_it_would_misreplay_on_cuda() -> None:
