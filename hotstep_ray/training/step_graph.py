@@ -56,7 +56,8 @@ class Recorder:
     A CUDA graph replays the work it captured, with every Python number baked in. A body that
     reads host state beyond its inputs would be re-read here and pass, so each replay logs its
     ops with their non-tensor arguments and must repeat the first replay's log exactly
-    (`HostStateChanged` otherwise)."""
+    (`HostStateChanged` otherwise), and must not read a tensor's value on the host
+    (`HostRead`: a sync, which a capture refuses)."""
 
     def __init__(self, body: Body, inputs: list[torch.Tensor | None]) -> None:
         self.body, self.inputs = body, inputs
@@ -68,6 +69,12 @@ class Recorder:
         self.replays += 1
         with _OpLog() as log:
             fresh = [out.detach() for out in self.body(self.inputs)]
+        reads = [op for op, _ in log.ops if op in HOST_READS]
+        if reads:
+            raise HostRead(
+                f"the body reads a tensor's value on the host ({reads[0]}, {len(reads)} times): "
+                "a CUDA capture refuses the sync; keep the decision on the device"
+            )
         if self.ops is None:
             self.ops = log.ops
         elif log.ops != self.ops:
@@ -90,6 +97,23 @@ class Recorder:
 
 class HostStateChanged(AssertionError):
     """A `Recorder` replay did other work than its first (see `Recorder`)."""
+
+
+class HostRead(AssertionError):
+    """A `Recorder` replay ran an op that copies a tensor's value to the host (`HOST_READS`)."""
+
+
+# aten ops that wait for a tensor's value on the host (`.item()`, `bool(t)`, data-dependent
+# shapes): on CUDA each is a sync, which stream capture refuses
+HOST_READS = frozenset(
+    {
+        "aten._local_scalar_dense.default",
+        "aten.nonzero.default",
+        "aten.masked_select.default",
+        "aten.unique_consecutive.default",
+        "aten._unique2.default",
+    }
+)
 
 
 class _OpLog(TorchDispatchMode):

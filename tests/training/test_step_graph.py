@@ -111,6 +111,17 @@ def test_a_body_reading_host_state_fails_on_the_cpu_as_it_would_misreplay_on_cud
         graphs("a", [torch.ones(2)], body)
 
 
+def test_a_body_reading_a_tensor_on_the_host_fails_on_the_cpu_as_its_capture_would() -> None:
+    def body(static):  # a data-dependent branch: a sync on CUDA
+        x = static[0]
+        return [x * 2 if bool(x.sum() > 0) else x]
+
+    graphs = step_graph.StepGraphs(CPU)
+    graphs("a", [torch.ones(2)], body)  # the eager step itself may read
+    with pytest.raises(step_graph.HostRead, match="_local_scalar_dense"):
+        graphs("a", [torch.ones(2)], body)
+
+
 def test_new_gradient_buffers_forget_the_graphs() -> None:
     graphs = step_graph.StepGraphs(CPU)
     body = doubling_body([])
