@@ -147,6 +147,14 @@ def parse_args() -> argparse.Namespace:
         default=True,
         help="prepare the next step's inputs during the backward, as the trainer does",
     )
+    parser.add_argument(
+        "--padded-frames",
+        type=int,
+        default=0,
+        help="songs of this many frames with their last 256 condition tokens padded: every "
+        "crop longer than them runs the masked paths (a check of those, audio-s/s counts the "
+        "crop); 0 = unpadded songs of the longest crop",
+    )
     parser.add_argument("--steps", type=int, default=8, help="timed steps per row")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--time-budget-s", type=float, default=540.0)
@@ -186,9 +194,13 @@ def parse_args() -> argparse.Namespace:
 # ----------------------------------------------------------------------------- setup
 
 
-def synthetic_cache(encoder_width: int, frames: int) -> dit_data.TensorCache:
-    """SONGS distinct songs of `frames` frames; condition of CONDITION_TOKENS real tokens."""
+def synthetic_cache(encoder_width: int, frames: int, padded: bool = False) -> dit_data.TensorCache:
+    """SONGS distinct songs of `frames` frames; condition of CONDITION_TOKENS tokens, all real
+    or (`padded`) the last 256 padding, as a caption shorter than its slot."""
     g = torch.Generator().manual_seed(0)
+    condition_mask = torch.ones(CONDITION_TOKENS, dtype=torch.bool)
+    if padded:
+        condition_mask[-256:] = False
     songs = []
     for index in range(SONGS):
         silence = 0.05 * torch.randn(frames, 64, generator=g)
@@ -198,7 +210,7 @@ def synthetic_cache(encoder_width: int, frames: int) -> dit_data.TensorCache:
                 target=torch.randn(frames, 64, generator=g),
                 context=torch.cat([silence, torch.ones(frames, 64)], dim=-1),
                 condition=torch.randn(CONDITION_TOKENS, encoder_width, generator=g),
-                condition_mask=torch.ones(CONDITION_TOKENS, dtype=torch.bool),
+                condition_mask=condition_mask.clone(),
             )
         )
     return dit_data.TensorCache(
@@ -209,7 +221,13 @@ def synthetic_cache(encoder_width: int, frames: int) -> dit_data.TensorCache:
 def tiny_cpu_args(crops: str = "32") -> argparse.Namespace:
     """`build_group`'s arguments for the tiny DiT on the CPU (tests and CPU-side benches)."""
     return argparse.Namespace(
-        device="cpu", tiny=True, crops=crops, ckpt="off", optimizer="muon", muon_ns_precision="auto"
+        device="cpu",
+        tiny=True,
+        crops=crops,
+        ckpt="off",
+        optimizer="muon",
+        muon_ns_precision="auto",
+        padded_frames=0,
     )
 
 
@@ -227,7 +245,8 @@ def build_group(
     dims = dit_vram.DitDims.from_config(config)
     crops = [int(c) for c in args.crops.split(",")]
     frames = max(crops) if not args.tiny else 64
-    cache = synthetic_cache(dims.encoder_hidden, frames)
+    padded = args.padded_frames > 0
+    cache = synthetic_cache(dims.encoder_hidden, args.padded_frames or frames, padded)
     options = TrainDitOptions(
         **ADAPTERS[adapter],
         variant_key="bench",

@@ -157,3 +157,20 @@ def test_bench_muon_counts_the_adapters_matrices(tmp_path):
     assert 1e-3 < batched["ns_max_rel_error"] < 5e-2  # bf16 stacks, per-slab float32 norm
     assert tf32["ns_max_rel_error"] < 1e-4  # the CPU's "tf32" is float32
     assert 1e-3 < bf16["ns_max_rel_error"] < 0.1  # torch's bf16 iteration
+
+
+def test_bench_padded_songs_take_the_masked_paths(tmp_path):
+    dit_bench = _load_bench("dit")
+    padded = dit_bench.synthetic_cache(16, 40, padded=True)
+    real = dit_bench.CONDITION_TOKENS - 256
+    assert all(song.target.shape[0] == 40 for song in padded.songs)
+    assert all(int(song.condition_mask.sum()) == real for song in padded.songs)
+    assert all(bool(song.condition_mask.all()) for song in dit_bench.synthetic_cache(16, 40).songs)
+    out = tmp_path / "padded.json"
+    args = ["bench", "dit", "--tiny", "--device", "cpu", "--models", "2b", "--adapters", "lora64"]
+    args += ["--batches", "1", "--steps", "1", "--warmup", "0"]
+    result = runner.invoke(app, [*args, "--padded-frames", "40", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["rows"]
+    # the tiny model's crops: 32 inside the 40-frame songs, 64 padded past them
+    assert [row["crop"] for row in rows] == [32, 64] and all(row["finite"] for row in rows)
