@@ -9,7 +9,8 @@ largest relative deviation of `optim.newton_schulz` from the same iteration in f
 (max |x - ref| / max |ref|). The AdamW half of the hybrid (LoKR's w1, biases) is not included.
 
     python3 bench/muon_bench.py --out $OUT/muon_bench.json
-    python3 bench/muon_bench.py --device cpu --models 2b --adapters lora64 --repeat 1  (dry run)
+    python3 bench/muon_bench.py --device cpu --models 2b --adapters lora64 --repeat 1 --layers 2
+    (dry run)
 """
 
 from __future__ import annotations
@@ -39,16 +40,18 @@ SPECS = {
 MUON_MIN_DIM = 16  # the trainers' default split (`muon_min_dim`)
 
 
-def matrix_shapes(layout: str, spec: AdapterSpec) -> list[tuple[int, int]]:
-    """Every Muon-bound matrix of `spec` on all layers (the rest, e.g. LoKR's 4-6-a-side w1,
-    is AdamW's)."""
+def matrix_shapes(
+    layout: str, spec: AdapterSpec, layers: int | None = None
+) -> list[tuple[int, int]]:
+    """Every Muon-bound matrix of `spec` on all layers, or on the first `layers` (the rest,
+    e.g. LoKR's 4-6-a-side w1, is AdamW's)."""
     dims = dit_vram.DitDims.from_config(fc.dit_config(layout))
     per_layer = [
         shape
         for shape in dit_vram.adapter_matrices(dims, spec)
         if optim.is_muon_param(torch.empty(shape, device="meta"), MUON_MIN_DIM)
     ]
-    return per_layer * dims.layers
+    return per_layer * (dims.layers if layers is None else min(layers, dims.layers))
 
 
 def synchronize(device: torch.device) -> None:
@@ -108,12 +111,14 @@ def main() -> int:
     parser.add_argument("--precisions", default="float32,tf32,bfloat16,bfloat16_batched")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--device", default="cuda")
+    # a CPU without bfloat16 matmul units takes minutes over all layers; a dry run needs few
+    parser.add_argument("--layers", type=int, default=None, help="first N layers only")
     args = parser.parse_args()
     device = torch.device(args.device)
     rows: list[dict[str, Any]] = []
     for layout in args.models.split(","):
         for adapter in args.adapters.split(","):
-            shapes = matrix_shapes(layout, SPECS[adapter])
+            shapes = matrix_shapes(layout, SPECS[adapter], args.layers)
             flops = sum(5 * (4 * min(s) ** 2 * max(s) + 2 * min(s) ** 3) for s in shapes)
             for precision in args.precisions.split(","):
                 row: dict[str, Any] = {

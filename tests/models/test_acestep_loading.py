@@ -181,7 +181,12 @@ def test_diffusers_round_trip_and_official_rewrite(tmp_path: Path) -> None:
     assert reloaded.variant.name == "xl-turbo"
     assert reloaded.config["encoder_hidden_size"] == 64
     assert torch.equal(reloaded.silence_latent, official.silence_latent)
-    assert torch.equal(_velocity(reloaded, data), data["out.velocity"])
+    # Bit-exact against the model it was saved from; the fixture itself was made on another CPU,
+    # whose kernels round differently (2.6e-6 apart on an AVX2 EPYC), so it gets the parity
+    # tolerance of test_acestep_parity.py.
+    velocity = _velocity(reloaded, data)
+    assert torch.equal(velocity, _velocity(official, data))
+    assert torch.allclose(velocity, data["out.velocity"], atol=1e-4, rtol=1e-4)
     timbre = reloaded.condition_encoder.timbre_encoder
     assert getattr(timbre, "prepends_special_token", False)  # XL token survives the round trip
 
