@@ -3,7 +3,8 @@
 What is timed is the trainer's own optimizer step (`training.dit.optimizer_step`: crop assembly,
 host-to-device copy, seeded draws, flow-matching loss under bf16 autocast, backward, global-norm
 clip, LR, Muon/AdamW step) on a synthetic cache of 16 distinct 240 s songs with a 769-token
-condition (the peers' shape: 512 lyric + 1 timbre + 256 caption), so no sample is padded.
+condition (the peers' shape: 512 lyric + 1 timbre + 256 caption), so no sample is padded;
+songs of the longest crop (240 s at 6000 frames), or `--padded-frames` ones that pad.
 
 For every (model, adapter, crop) it measures batch 1, then searches the best batch (2, 4, 8, 16
 while throughput still rises by >= 3 % and the VRAM model says it fits). Each row: median ms per
@@ -133,7 +134,8 @@ def parse_args() -> argparse.Namespace:
         "--flat-grads",
         action=argparse.BooleanOptionalAction,
         default=dit.FLAT_GRADS,
-        help="CUDA-graph steps: gradients as views of one flat buffer (clip/zero in a few kernels)",
+        help="CUDA-graph steps: gradients as views of one flat buffer (clip/zero in a few "
+        "kernels); step-graph needs it (without, steps run the compiled blocks ungraphed)",
     )
     parser.add_argument(
         "--fold",
@@ -151,9 +153,10 @@ def parse_args() -> argparse.Namespace:
         "--padded-frames",
         type=int,
         default=0,
-        help="songs of this many frames with their last 256 condition tokens padded: every "
-        "crop longer than them runs the masked paths (a check of those, audio-s/s counts the "
-        "crop); 0 = unpadded songs of the longest crop",
+        help="songs of N and 2N/3 frames (alternately) with their last 256 / 128 condition "
+        "tokens padded: every row masks cross-attention keys, and at batch >= 2 the shorter "
+        "song pads to the longer (masked self-attention keys and loss); audio-s/s counts real "
+        "frames, MFU the padded ones; 0 = unpadded songs of the longest crop",
     )
     parser.add_argument("--steps", type=int, default=8, help="timed steps per row")
     parser.add_argument("--warmup", type=int, default=3)
@@ -195,22 +198,25 @@ def parse_args() -> argparse.Namespace:
 
 
 def synthetic_cache(encoder_width: int, frames: int, padded: bool = False) -> dit_data.TensorCache:
-    """SONGS distinct songs of `frames` frames; condition of CONDITION_TOKENS tokens, all real
-    or (`padded`) the last 256 padding, as a caption shorter than its slot."""
+    """SONGS distinct songs of `frames` frames; condition of CONDITION_TOKENS tokens, all real.
+    `padded`: odd songs are 2/3 as long, and the last 256 (even songs) or 128 (odd) condition
+    tokens are padding, as captions shorter than their slot."""
     g = torch.Generator().manual_seed(0)
-    condition_mask = torch.ones(CONDITION_TOKENS, dtype=torch.bool)
-    if padded:
-        condition_mask[-256:] = False
     songs = []
     for index in range(SONGS):
-        silence = 0.05 * torch.randn(frames, 64, generator=g)
+        condition_mask = torch.ones(CONDITION_TOKENS, dtype=torch.bool)
+        length = frames
+        if padded:
+            condition_mask[-(128 if index % 2 else 256) :] = False
+            length = frames * 2 // 3 if index % 2 else frames
+        silence = 0.05 * torch.randn(length, 64, generator=g)
         songs.append(
             dit_data.Song(
                 stem=f"song{index}",
-                target=torch.randn(frames, 64, generator=g),
-                context=torch.cat([silence, torch.ones(frames, 64)], dim=-1),
+                target=torch.randn(length, 64, generator=g),
+                context=torch.cat([silence, torch.ones(length, 64)], dim=-1),
                 condition=torch.randn(CONDITION_TOKENS, encoder_width, generator=g),
-                condition_mask=condition_mask.clone(),
+                condition_mask=condition_mask,
             )
         )
     return dit_data.TensorCache(
@@ -293,8 +299,8 @@ class FlexAttnProcessor:
     """Experimental (`--attention flex`): the stock ACE-Step attention with FlexAttention in place
     of SDPA + a dense additive band mask. Sliding layers get a block-sparse |i - j| <= window
     mask, so the key blocks outside the band (about 90 % at 6000 frames) are skipped in forward
-    and backward. Unpadded batches only (the bench never pads); the trainer keeps the
-    key-padding processor."""
+    and backward. It ignores attention masks, so `--padded-frames` refuses it; the trainer
+    keeps the key-padding processor."""
 
     def __init__(self, compiled: bool) -> None:
         from torch.nn.attention.flex_attention import flex_attention
@@ -380,6 +386,7 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats(device)
     times = []
     finite = True
+    frames = 0  # real (unpadded) frames a step trains; every timed step runs the same crops
     for _ in range(args.steps):
         started = time.perf_counter()
         result = dit.optimizer_step(run, window, upcoming)
@@ -387,6 +394,7 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
         times.append((time.perf_counter() - started) * 1000)
         finite = finite and result.finite
         losses.append(result.loss)
+        frames = result.frames
     median = statistics.median(times)
     ab: dict[bool, list[float]] = {False: [], True: []}  # guards skipped -> step times
     if args.guards_ab:
@@ -419,7 +427,8 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
         "step_ms": round(median, 2),
         "step_ms_min": round(min(times), 2),
         "step_ms_all": [round(t, 2) for t in times],
-        "audio_s_per_s": round(args.grad_accum * batch * crop / LATENT_HZ / (median / 1000), 1),
+        "frames": frames,
+        "audio_s_per_s": round(frames / LATENT_HZ / (median / 1000), 1),
         "model_tflop": round(flops["model"] / 1e12, 3),
         "mfu": round(flops["model"] / (median / 1000) / dit_vram.H200_BF16_PEAK_FLOPS, 4),
         "hfu": round(flops["hardware"] / (median / 1000) / dit_vram.H200_BF16_PEAK_FLOPS, 4),
@@ -744,6 +753,8 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def main() -> int:
     args = parse_args()
+    if args.padded_frames and "flex" in args.attention.split(","):
+        raise SystemExit("--attention flex ignores attention masks: not with --padded-frames")
     adapters.KRON_MIX = args.kron_mix  # before any LoKR forward (and before compiling)
     adapters.KRON_FORWARD = args.kron_forward
     adapters.KRON_MERGED_MIN_TOKENS = args.kron_merged_min_tokens

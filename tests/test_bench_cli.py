@@ -164,16 +164,19 @@ def test_bench_muon_counts_the_adapters_matrices(tmp_path):
 
 def test_bench_padded_songs_take_the_masked_paths(tmp_path):
     dit_bench = _load_bench("dit")
-    padded = dit_bench.synthetic_cache(16, 40, padded=True)
-    real = dit_bench.CONDITION_TOKENS - 256
-    assert all(song.target.shape[0] == 40 for song in padded.songs)
-    assert all(int(song.condition_mask.sum()) == real for song in padded.songs)
+    padded = dit_bench.synthetic_cache(16, 42, padded=True).songs
+    tokens = dit_bench.CONDITION_TOKENS
+    assert [song.target.shape[0] for song in padded[:4]] == [42, 28, 42, 28]
+    assert [int(song.condition_mask.sum()) for song in padded[:2]] == [tokens - 256, tokens - 128]
     assert all(bool(song.condition_mask.all()) for song in dit_bench.synthetic_cache(16, 40).songs)
     out = tmp_path / "padded.json"
     args = ["bench", "dit", "--tiny", "--device", "cpu", "--models", "2b", "--adapters", "lora64"]
-    args += ["--batches", "1", "--steps", "1", "--warmup", "0"]
-    result = runner.invoke(app, [*args, "--padded-frames", "40", "--out", str(out)])
+    args += ["--batches", "2", "--steps", "1", "--warmup", "0"]
+    result = runner.invoke(app, [*args, "--padded-frames", "42", "--out", str(out)])
     assert result.exit_code == 0, result.output
     rows = json.loads(out.read_text())["rows"]
-    # the tiny model's crops: 32 inside the 40-frame songs, 64 padded past them
-    assert [row["crop"] for row in rows] == [32, 64] and all(row["finite"] for row in rows)
+    # the tiny model's crops: 32 inside both songs (28 in the short one), 64 past them, where
+    # the 28-frame song pads to the 42-frame one; audio-s/s counts the real frames
+    assert [(row["crop"], row["batch"]) for row in rows] == [(32, 2), (64, 2)]
+    assert [row["frames"] for row in rows] == [32 + 28, 42 + 28]
+    assert all(row["finite"] for row in rows)

@@ -1,8 +1,9 @@
-"""`hotstep-ray bench NAME [ARGS...]`: the GPU benchmarks behind docs/BENCHMARKS.md.
+"""`hotstep-ray bench NAME [ARGS...]`: the main GPU benchmarks of docs/BENCHMARKS.md (the
+one-off probes it also cites, e.g. bench/guard_cost.py, run as plain scripts).
 
 The benchmark scripts live in the checkout's `bench/` folder (not in the installed package: they
 carry device notes, not library code). This command runs one of them in this process with the
-remaining arguments, exactly as `python bench/<name>_bench.py ARGS` does, so the numbers a user
+remaining arguments, exactly as `python bench/<its script> ARGS` does, so the numbers a user
 gets from the CLI are the documented ones:
 
     hotstep-ray bench list
@@ -35,6 +36,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "kernel-sweep": ("oobleck_kernel_sweep.py", "tiles of the VAE's Triton kernels (GPU)"),
     "decode": ("decode_bench.py", "preprocessing's decode task and resampling per song (CPU)"),
     "muon": ("muon_bench.py", "Muon's update on the DiT adapters' factor shapes, by precision"),
+    "kron": ("kron_kernel_bench.py", "LoKR's w1-gradient Triton pass against torch (GPU)"),
 }
 
 app = typer.Typer(

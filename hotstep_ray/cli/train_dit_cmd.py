@@ -77,6 +77,8 @@ def _contract_parameters() -> list[inspect.Parameter]:
         flag = "--" + name.replace("_", "-")
         default = field.default_factory() if field.default_factory else field.default
         shown = ",".join(default) if isinstance(default, list) else default
+        if default is None and hasattr(TrainDitOptions, f"effective_{name}"):
+            shown = "by adapter (" + _by_adapter(f"effective_{name}") + ")"
         if field.annotation is bool:
             option = typer.Option(None, f"{flag}/--no-{flag[2:]}", help=f"Default: {shown}.")
             annotation: Any = bool | None
@@ -89,6 +91,15 @@ def _contract_parameters() -> list[inspect.Parameter]:
             )
         )
     return params
+
+
+def _by_adapter(prop: str) -> str:
+    """`lokr X, lora Y`: what an unset field resolves to for each adapter type."""
+    values = []
+    for kind in ("lokr", "lora"):
+        value = getattr(TrainDitOptions(variant_key="help", adapter_type=kind), prop)
+        values.append(f"{kind} {value:g}" if isinstance(value, float) else f"{kind} {value}")
+    return ", ".join(values)
 
 
 def build_options(variant: str, values: dict[str, Any]) -> TrainDitOptions:
@@ -120,9 +131,15 @@ def _run(
     vram_gb: float | None = typer.Option(
         None, help="GPU memory per worker (Ray request; local: budget). Default: predicted."
     ),
-    resume: str | None = typer.Option(None, help="Checkpoint folder key to continue from."),
+    resume: str | None = typer.Option(
+        None,
+        help="Checkpoint folder key to continue from (printed when a run pauses: <run>/checkpoint, "
+        "or ray_results/.../checkpoint_N for a Ray run).",
+    ),
     run_key: str | None = typer.Option(None, help="Run folder key (with --resume)."),
-    max_steps: int | None = typer.Option(None, help="Stop after N optimizer steps."),
+    max_steps: int | None = typer.Option(
+        None, help="Pause after N optimizer steps (resumed ones count), keeping a checkpoint."
+    ),
     use_ray: bool | None = typer.Option(
         None, "--ray/--no-ray", help="Train on Ray Train (default: when a cluster address is set)."
     ),
@@ -180,15 +197,26 @@ def _run(
                 job_id=job.id,
                 events=job.events,
                 calibration=calibration,
+                max_steps=max_steps,
             )
-            summary = {"run": storage.url_of(result.run_key), "vram_gb": result.vram_gb}
+            summary = {
+                "run": storage.url_of(result.run_key),
+                "run_key": result.run_key,
+                "checkpoint": result.checkpoint_key,
+                "vram_gb": result.vram_gb,
+            }
             log = result.log
             calibrated = result.calibration
         else:
             run = dit.setup(options, storage, slug, settings, events=job.events)
             job.phase("train")
             outcome = dit.train(run, max_steps=max_steps)
-            summary = {"run": storage.url_of(outcome.run_key)}
+            checkpoint = run.checkpoint_key if storage.list(run.checkpoint_key) else ""
+            summary = {
+                "run": storage.url_of(outcome.run_key),
+                "run_key": outcome.run_key,
+                "checkpoint": checkpoint,
+            }
             log = outcome.log
             calibrated = None
             if options.calibrate:
@@ -215,6 +243,12 @@ def _run(
         f"stopped: {summary['stop_reason']} after {summary['epochs_run']} epochs, "
         f"best ma5 {summary['best_ma5']}, saved ({summary['saved_reason']})"
     )
+    if summary["stop_reason"] == "max_steps" and summary["checkpoint"]:
+        console.print(
+            f"paused: continue with --resume {summary['checkpoint']} "
+            f"--run-key {summary['run_key']}",
+            soft_wrap=True,
+        )
     if calibrated is not None:
         winner = calibrated["winner"]
         if winner is None:

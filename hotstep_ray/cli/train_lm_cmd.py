@@ -161,7 +161,7 @@ def run(
         "balance compiles against padding; else 1).",
     ),
     device: str = typer.Option("", help="cuda, cuda:1, cpu (default: cuda when present)."),
-    resume: str = typer.Option("", help="Continue the checkpoint of this run folder (no Ray)."),
+    resume: str = typer.Option("", help="Continue the checkpoint of this run folder."),
     use_ray: bool = typer.Option(False, "--ray/--no-ray", help="Run as a Ray Train job."),
     workers: int = typer.Option(1, help="Ray workers (one GPU each)."),
     max_failures: int = typer.Option(2, help="Ray: restarts after a worker failure."),
@@ -240,6 +240,7 @@ def run(
                 max_failures=max_failures,
                 ray_address=ray_address or None,
                 events=job.events,
+                resume=bool(resume),
             )
         else:
             result = lm.run_lm_training(spec, storage, events=job.events, resume=bool(resume))

@@ -15,7 +15,7 @@ The writer produces Side-Step's canonical layout (six fixed lines even when empt
 non-empty keys sorted, then `lyrics:` last, `\\n` joins, one trailing `\\n`, UTF-8), keeps the
 previous file as `<stem>.txt.bak` and replaces the file atomically through `Storage`.
 
-Deliberate differences from Side-Step's writer (each asserted in tests/dataset/test_sidecar.py):
+Deliberate differences from Side-Step's writer (each asserted in tests/dataset/test_sidecar_io.py):
 
 1. `None` is written as an empty value. Side-Step writes the literal text `None`, which reads back
    as the caption/genre "None".

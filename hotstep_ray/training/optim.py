@@ -2,8 +2,8 @@
 
 Per parameter, not global: a 2-D tensor whose short side is >= `muon_min_dim` (16) goes to Muon;
 vectors, scalars and thin matrices (a LoKR `w1 [4, 5]`, a rank-8 LoRA `A [8, in]`) go to AdamW,
-because orthogonalising a <16-dimensional subspace is vacuous. On the DiT LoKR run this splits
-448 Muon / 352 AdamW.
+because orthogonalising a <16-dimensional subspace is vacuous. LoKR 512 (factor 6) splits
+264 Muon / 264 AdamW on the 2B DiT and 448 / 352 on XL.
 
 Learning rate. Muon's update is orthonormal (RMS ≈ 1/sqrt(max side)), about 20× smaller per
 element than AdamW's, so Muon groups run at `lr × muon_lr_scale` (20: 5 undershoots, 50

@@ -40,7 +40,7 @@ import torch
 
 from hotstep_ray.core import layout
 from hotstep_ray.core.contracts import TrainDitOptions
-from hotstep_ray.core.errors import InputError
+from hotstep_ray.core.errors import InputError, StorageError
 from hotstep_ray.core.events import EventLog, jsonl_sink
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.distributed.ray_results import results_location
@@ -109,6 +109,9 @@ class RayDitResult:
     metrics: dict[str, Any]
     checkpoint_path: str | None
     log: dict[str, Any]
+    # Ray's last checkpoint as a key under the storage root (`ray_results/<run>/checkpoint_N`):
+    # what `settings.resume` / `train-dit --resume` continue from; "" when none was reported
+    checkpoint_key: str = ""
     calibration: dict[str, Any] | None = None  # after_train.summary when `calibrate` ran
 
 
@@ -126,13 +129,17 @@ def train_dit_on_ray(
     fail_at_step: int | None = None,
     events: EventLog | None = None,
     calibration: dict[str, Any] | None = None,
+    max_steps: int | None = None,
 ) -> RayDitResult:
     """Run DiT training as a Ray Train job on the connected cluster (call `ensure_ray` first).
 
     `vram_gb` overrides the predicted per-worker request; `fail_at_step` (tests, drills) makes
     rank 0 exit hard once the first checkpoint at or after that step is registered (first
     attempt only). `calibration`: `DitCalibrationConfig` overrides; `events` (driver side) default
-    to the job's events.jsonl when `job_id` is given."""
+    to the job's events.jsonl when `job_id` is given. `max_steps` pauses the run after that many
+    optimizer steps (resumed ones count) with a checkpoint; `settings.resume` (a checkpoint folder
+    key: a local run's `<run>/checkpoint` or a Ray run's `checkpoint_key`) starts the job from it,
+    while a worker Ray restarts continues from Ray's own newer checkpoint."""
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -167,6 +174,7 @@ def train_dit_on_ray(
             "dataset": dataset,
             "job_id": job_id,
             "fail_at_step": fail_at_step,
+            "max_steps": max_steps,
         },
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(
@@ -187,6 +195,7 @@ def train_dit_on_ray(
         metrics=dict(result.metrics or {}),
         checkpoint_path=None if result.checkpoint is None else result.checkpoint.path,
         log=storage.read_json(log_key) if storage.exists(log_key) else {},
+        checkpoint_key=_checkpoint_key(storage, result.checkpoint),
     )
     if options.calibrate:
         if events is None and job_id:
@@ -195,6 +204,17 @@ def train_dit_on_ray(
             options, storage, run_key, folder, events, calibration, num_workers
         )
     return done
+
+
+def _checkpoint_key(storage: Storage, checkpoint: Any) -> str:
+    """Ray's checkpoint folder as a key under the root ("" when there is none, or Ray put it
+    where the root cannot see: then only Ray's own restarts can use it)."""
+    if checkpoint is None:
+        return ""
+    try:
+        return storage.key_of(checkpoint.path)
+    except StorageError:
+        return ""
 
 
 def calibrate_dit_run(
@@ -274,20 +294,21 @@ def _worker(config: dict[str, Any]) -> None:
     storage = Storage(config["storage_url"], **config["storage_options"])
     values = {**config["settings"], "rank": rank, "world_size": world, "device": str(device)}
     values["zero_groups"] = tuple(values["zero_groups"])
-    settings = dit.DitSettings(**{**values, "resume": None})
+    checkpoint = ray.train.get_checkpoint()
+    first_attempt = checkpoint is None
+    if not first_attempt:  # a restart: Ray's checkpoint is newer than the one the job began from
+        values["resume"] = None
+    settings = dit.DitSettings(**values)
     events = None
     if rank == 0 and config.get("job_id"):
         events = EventLog(jsonl_sink(storage, layout.job_events(config["job_id"])))
     options = TrainDitOptions.model_validate(config["options"])
     run = dit.setup(options, storage, config["dataset"], settings, events)
-
-    checkpoint = ray.train.get_checkpoint()
-    first_attempt = checkpoint is None
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
             dit.restore(run, Storage(folder), "")
     run.checkpoint_hook = _report_hook(config.get("fail_at_step") if first_attempt else None)
-    result = dit.train(run)
+    result = dit.train(run, max_steps=config.get("max_steps"))
     storage.write_json(
         f"{run.run_key}/{WORKERS_DIR}/rank-{rank}.json",
         {

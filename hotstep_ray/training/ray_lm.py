@@ -5,7 +5,7 @@ micro-batch), pick the run folder, start a `TorchTrainer` with one GPU per worke
 when there is no GPU), `FailureConfig(max_failures)`.
 Worker: `setup_lm` on its device (DDP over the loss module when there are several workers; each
 rank takes every world-th micro-batch group), resume from `ray.train.get_checkpoint()` when Ray
-restarted it, report each epoch's metrics (and every `checkpoint_every` epochs a checkpoint) with
+restarted it (else, with `resume`, from the run folder's `<run>/checkpoint/`), report each epoch's metrics (and every `checkpoint_every` epochs a checkpoint) with
 `ray.train.report`; rank 0 exports the adapter and writes `lm_train_log.json` into the run folder
 of the storage root, and appends the run's events to `spec.events_key` when given.
 Stages: `extract` runs in the driver before the job is sized; without `train` nothing needs a
@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog, jsonl_sink
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.distributed.ray_results import results_location
@@ -66,6 +67,9 @@ def _train_loop(config: dict[str, Any]) -> None:
         with restored.as_directory() as folder:
             state = lm.load_state(setup, Storage(folder), "")
         setup.log(f"resumed after a failure at epoch {state.epoch} (step {state.step})", "warn")
+    elif config.get("resume"):  # the job's first attempt continues the run folder's checkpoint
+        state = lm.load_state(setup, storage, lm.checkpoint_key(spec.run_key))
+        setup.log(f"resumed {spec.run_key} at epoch {state.epoch} (step {state.step})")
     # Fault injection for tests: fail once, after this epoch's report.
     marker = f"{spec.run_key}/.injected-failure"
     fail_after = int(config.get("fail_after_epoch", 0))
@@ -96,6 +100,8 @@ def _train_loop(config: dict[str, Any]) -> None:
         lm.save_lm(setup, state)
         if "export" not in setup.options.stages:  # what a later export stage reads
             lm.save_state(setup, state, storage, lm.checkpoint_key(setup.run_key))
+        else:  # exported: a resumed run's checkpoint is spent, as in `lm.run_lm_training`
+            storage.delete(lm.checkpoint_key(setup.run_key), recursive=True)
         storage.delete(marker)
 
 
@@ -109,10 +115,12 @@ def run_lm_on_ray(
     ray_address: str | None = None,
     fail_after_epoch: int = 0,
     events: EventLog | None = None,
+    resume: bool = False,
 ) -> lm.LmRunResult:
     """Train on Ray and return what rank 0 wrote (run folder, files, the training log; the
     calibration summary with `calibrate`). `use_gpu=None` uses GPUs when the cluster has any;
-    `events` (driver side: extract, calibration) defaults to appending to `spec.events_key`."""
+    `events` (driver side: extract, calibration) defaults to appending to `spec.events_key`.
+    `resume` continues the checkpoint in `spec.run_key` with the options it was trained with."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -136,7 +144,13 @@ def run_lm_on_ray(
             update={"options": spec.options.model_copy(update={"stages": stages})}
         )
     if "train" not in stages:  # export only: no worker needed
-        return lm.run_lm_training(spec, storage, events=events, calibration_runner=runner)
+        return lm.run_lm_training(
+            spec, storage, events=events, resume=resume, calibration_runner=runner
+        )
+    if resume:
+        if not spec.run_key:
+            raise InputError("resume needs the run folder (run_key) of the interrupted run")
+        spec = lm.options_from_checkpoint(spec, storage)
     cluster = ray.cluster_resources()
     if use_gpu is None:
         use_gpu = cluster.get("GPU", 0) > 0
@@ -158,6 +172,7 @@ def run_lm_on_ray(
             "storage_options": storage.storage_options,
             "use_gpu": use_gpu,
             "fail_after_epoch": fail_after_epoch,
+            "resume": resume,
         },
         scaling_config=ScalingConfig(
             num_workers=num_workers, use_gpu=use_gpu, resources_per_worker=resources

@@ -16,7 +16,7 @@ from test_dit_support import (  # noqa: F401  (fixtures)
 )
 from typer.testing import CliRunner
 
-from hotstep_ray.cli.train_dit_cmd import app, build_options
+from hotstep_ray.cli.train_dit_cmd import _by_adapter, app, build_options
 from hotstep_ray.core.contracts import TrainDitOptions
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
@@ -32,6 +32,9 @@ def test_every_contract_field_is_an_option() -> None:
     help_text = CliRunner().invoke(app, ["run", "--help"], terminal_width=200).output
     for flag in ("--lokr-factor", "--no-target-mlp", "--crop-min-frames", "--ray", "--variant"):
         assert flag in help_text
+    # unset fields resolve by adapter type; the help says to what, not "None"
+    assert help_text.count("Default: by adapter") == 3 and "Default: None" not in help_text
+    assert _by_adapter("effective_learning_rate") == "lokr 0.002, lora 0.0005"
 
 
 def test_compile_reaches_the_contract() -> None:
@@ -63,6 +66,27 @@ def test_cli_trains_and_exports(tmp_path, tiny_dit_dir, single_thread) -> None:
     assert storage.exists(f"jobs/{summary['job']}/events.jsonl")
     bad = CliRunner().invoke(app, ["run", *args[:-2], "--artist", "cli", "--batch", "99"])
     assert bad.exit_code == 2 and "batch" in bad.output
+
+
+def test_a_paused_run_prints_how_to_continue_and_continues(
+    tmp_path, tiny_dit_dir, single_thread
+) -> None:
+    write_cache(Storage(tmp_path / "data"))
+    args = [SLUG, "--data", str(tmp_path / "data"), "--checkpoints", str(tiny_dit_dir), "--no-ray"]
+    args += ["--rank", "4", "--alpha", "8", "--epochs", "2", "--crop-frames", "48"]
+    args += ["--init-adapter", "", "--optimizer", "adamw", "--batch", "1", "--grad-accum", "1"]
+    paused = CliRunner().invoke(app, [*args, "--max-steps", "2"])
+    assert paused.exit_code == 0, paused.output
+    line = next(x for x in paused.output.splitlines() if x.startswith("paused: continue with"))
+    flags = line.split("continue with ", 1)[1].split()
+    assert flags[0] == "--resume" and flags[2] == "--run-key"
+    assert flags[1] == f"{flags[3]}/checkpoint"
+    result = CliRunner().invoke(app, [*args, *flags, "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output[result.output.index("{") :])
+    assert summary["run_key"] == flags[3] and summary["stop_reason"] == "epochs"
+    log = read_log(Storage(tmp_path / "data"), flags[3])
+    assert log["resumes"] == [{"step": 2, "epoch": 1}] and log["steps"] == 6
 
 
 def test_the_variant_defaults_to_the_newest_cache(tmp_path) -> None:

@@ -16,7 +16,8 @@ import pytest
 from test_dit_support import (
     SLUG,
     fast_options,
-    tiny_dit_dir_fixture,  # noqa: F401  (fixtures)
+    single_thread_fixture,  # noqa: F401  (fixtures)
+    tiny_dit_dir_fixture,  # noqa: F401
     write_cache,
 )
 
@@ -72,6 +73,31 @@ def settings(tiny_dit_dir) -> dit.DitSettings:
 def _workers(storage: Storage, run_key: str) -> list[dict]:
     files = storage.list(f"{run_key}/workers")
     return [json.loads(storage.read_text(key)) for key in files]
+
+
+def test_a_paused_ray_run_continues_from_its_checkpoint_as_if_uninterrupted(
+    cluster, storage, tiny_dit_dir, single_thread
+) -> None:
+    """`max_steps` pauses a Ray run mid-epoch with a checkpoint under the root; a second Ray job
+    given that key (`resume`) and the run folder ends where one uninterrupted run ends."""
+    options = fast_options(epochs=2, batch=1, grad_accum=1)  # 3 songs: 3 steps an epoch
+    paused = train_dit_on_ray(
+        options, storage, SLUG, settings(tiny_dit_dir), max_steps=4, max_failures=0
+    )
+    assert paused.log["stop_reason"] == "max_steps" and paused.log["steps"] == 4
+    assert paused.checkpoint_key.startswith("ray_results/")
+    assert storage.exists(f"{paused.checkpoint_key}/checkpoint.json")
+    resume = settings(tiny_dit_dir)
+    resume.resume, resume.run_key = paused.checkpoint_key, paused.run_key
+    resumed = train_dit_on_ray(options, storage, SLUG, resume, max_failures=0)
+    assert resumed.run_key == paused.run_key
+    assert resumed.log["resumes"] == [{"step": 4, "epoch": 2}]
+    assert resumed.log["stop_reason"] == "epochs" and resumed.log["steps"] == 6
+    # the same run in this process, never paused (Ray's CPU workers run one thread, as here)
+    full = dit.train(dit.setup(options, storage, SLUG, settings(tiny_dit_dir)))
+    assert [e["loss"] for e in resumed.log["epochs"]] == pytest.approx(
+        [e["loss"] for e in full.log["epochs"]], rel=1e-6
+    )
 
 
 def test_a_40gb_job_lands_only_on_the_node_that_has_it(cluster, storage, tiny_dit_dir) -> None:

@@ -266,6 +266,30 @@ def test_cli_trains_and_writes_the_run(tiny):
 
 @pytest.mark.slow
 @pytest.mark.ray
+def test_a_ray_job_continues_an_interrupted_run(ray_session, tiny):
+    """`resume` on Ray: the job starts from the run folder's checkpoint (options included)
+    and ends where the same run, never interrupted, ends; the spent checkpoint goes."""
+    from hotstep_ray.training.ray_lm import run_lm_on_ray
+
+    folder, storage = tiny
+    whole = make_spec(folder, "adapters/lm-06b/band/ray-whole", epochs=3)
+    part = make_spec(folder, "adapters/lm-06b/band/ray-part", epochs=3)
+    straight = lm.run_lm_training(whole, storage)
+    assert not lm.run_lm_training(part, storage, stop_after_epoch=1).finished
+    # this request's options differ; the checkpoint's (3 epochs) are the ones that continue
+    asked = part.model_copy(update={"options": part.options.model_copy(update={"epochs": 9})})
+    resumed = run_lm_on_ray(asked, storage, use_gpu=False, max_failures=0, resume=True)
+    assert resumed.finished and [r["epoch"] for r in resumed.log["epochs"]] == [1, 2, 3]
+    assert [r["loss"] for r in resumed.log["epochs"]] == pytest.approx(
+        [r["loss"] for r in straight.log["epochs"]], rel=1e-5
+    )
+    assert not storage.exists(lm.checkpoint_key(part.run_key))
+    with pytest.raises(InputError, match="no training checkpoint"):
+        run_lm_on_ray(part, storage, use_gpu=False, max_failures=0, resume=True)
+
+
+@pytest.mark.slow
+@pytest.mark.ray
 def test_ray_train_job_survives_a_worker_failure(ray_session, tiny):
     from hotstep_ray.training.ray_lm import run_lm_on_ray
 
