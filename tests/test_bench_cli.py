@@ -162,6 +162,15 @@ def test_bench_muon_counts_the_adapters_matrices(tmp_path):
     assert 1e-3 < bf16["ns_max_rel_error"] < 0.1  # torch's bf16 iteration
 
 
+def test_a_scripts_refusal_reaches_the_user(tmp_path, capsys):
+    from hotstep_ray.cli.bench_cmd import run_script
+
+    script = tmp_path / "refuses_bench.py"
+    script.write_text('raise SystemExit("--this needs a GPU")\n')
+    assert run_script(script, []) == 1
+    assert "--this needs a GPU" in capsys.readouterr().err
+
+
 def test_bench_padded_songs_take_the_masked_paths(tmp_path):
     dit_bench = _load_bench("dit")
     padded = dit_bench.synthetic_cache(16, 42, padded=True).songs

@@ -175,6 +175,7 @@ def _run(
         resume=resume,
         run_key=run_key,
     )
+    dit.check_run_folder(options, storage, settings)
     if use_ray is None:
         use_ray = bool(ray_address or os.environ.get("RAY_ADDRESS"))
     with Job(storage, "train-dit", dataset_id=slug, sinks=(_console_sink,)) as job:
@@ -219,7 +220,9 @@ def _run(
             }
             log = outcome.log
             calibrated = None
-            if options.calibrate:
+            if options.calibrate and outcome.stop_reason == "max_steps":
+                ray_dit.dit_calibration_skipped(job.events, None, storage)
+            elif options.calibrate:
                 job.phase("calibrate")
                 dit_folder = run.dit_folder
                 del run  # the trained model; calibration loads the base again

@@ -380,7 +380,7 @@ class TrainDitOptions(Options):
     batch: int = Field(default=1, ge=1, le=16)
     checkpoint_segments: int = Field(default=1, ge=0, le=32)  # 1 = auto, 0 = off
     stages: list[TrainDitStage] = Field(default_factory=lambda: ["train", "export"])
-    overwrite: bool = False
+    overwrite: bool = False  # train from scratch into an existing run folder (`run_key`)
     init_adapter: str = "latest"
     calibrate: bool = False
     calibrate_repoint: bool = True

@@ -254,6 +254,8 @@ def adapter_spec(
 ) -> AdapterSpec:
     base = AdapterSpec.from_options(options)
     trained = dit_vram.trained_layers(options, dims)
+    if base.kind != "lora" and settings.lora_dropout:
+        raise InputError(f"lora_dropout {settings.lora_dropout} is LoRA's; a LoKR adapter has none")
     update: dict[str, Any] = {"dropout": settings.lora_dropout if base.kind == "lora" else 0.0}
     if trained < dims.layers:
         update["layers_to_train"] = tuple(range(dims.layers - trained, dims.layers))
@@ -377,7 +379,12 @@ def prepare(
         raise InputError("several workers need one run folder: pass settings.run_key")
     else:
         run_key = layout.new_run_dir(storage, base, artist)
-    _init_adapter(options, storage, models, base, artist, run_key, events)
+    warm = _init_adapter(options, storage, models, base, artist, run_key, events)
+    if "train" not in options.stages and not settings.resume and warm is None:
+        raise InputError(
+            "stages without train export the adapter as it starts, and nothing was loaded: pass "
+            "--resume with a trained run's checkpoint (or --init-adapter with one to re-export)"
+        )
 
     trainable = adapters.trainable_parameters(models.transformer)
     optimizer = build_optimizer(
@@ -525,16 +532,17 @@ def _init_adapter(
     artist: str,
     run_key: str,
     events: EventLog | None,
-) -> None:
+) -> str | None:
     """Warm start: `init_adapter` "latest" = the newest earlier run of this artist (skipped when
-    none exists or its shapes differ), "" = from scratch, else a storage key."""
+    none exists or its shapes differ), "" = from scratch, else a storage key. Returns the key
+    loaded, None when the adapter starts fresh."""
     if not options.init_adapter:
-        return
+        return None
     if options.init_adapter == "latest":  # never a `-calibrated` folder (calibration output)
         key = layout.latest_run_dir(storage, f"{base}/{artist}", skip_calibrated=True)
         key = key or layout.resolve_adapter(storage, base, artist)
         if key is None or key == run_key or key.endswith("-calibrated"):
-            return
+            return None
     else:
         key = options.init_adapter
     try:
@@ -544,9 +552,23 @@ def _init_adapter(
             raise
         if events:
             events.log(f"init adapter {key} does not fit this run, starting fresh: {exc}", "warn")
-        return
+        return None
     if events:
         events.log(f"adapter initialised from {key}")
+    return key
+
+
+def check_run_folder(options: TrainDitOptions, storage: Storage, settings: DitSettings) -> None:
+    """Refuse to train into a named run folder (`run_key`) that already holds a run unless the
+    request continues it (`resume`) or replaces it (`overwrite`): its adapter and log would be
+    overwritten by a run from scratch. Entry points call this; Ray's restarted workers, which
+    reuse their own folder, do not."""
+    key = settings.run_key
+    if key and not settings.resume and not options.overwrite and storage.list(key):
+        raise InputError(
+            f"{storage.url_of(key)} already holds a run: pass --resume with its checkpoint to "
+            "continue it, --overwrite to replace it, or no --run-key for a new folder"
+        )
 
 
 def _announce(run: DitRun) -> None:

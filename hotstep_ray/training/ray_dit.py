@@ -148,6 +148,7 @@ def train_dit_on_ray(
 
     check_calibrate(options)
     settings = settings or dit.DitSettings()
+    dit.check_run_folder(options, storage, settings)
     predicted, folder = vram_request_gb(options, settings, storage, dataset)
     vram_gb = predicted if vram_gb is None else vram_gb
     declared = check_placement(ray, vram_gb)
@@ -197,13 +198,23 @@ def train_dit_on_ray(
         log=storage.read_json(log_key) if storage.exists(log_key) else {},
         checkpoint_key=_checkpoint_key(storage, result.checkpoint),
     )
-    if options.calibrate:
+    if options.calibrate and done.log.get("stop_reason") == "max_steps":
+        dit_calibration_skipped(events, job_id, storage)
+    elif options.calibrate:
         if events is None and job_id:
             events = EventLog(jsonl_sink(storage, layout.job_events(job_id)))
         done.calibration = calibrate_dit_run(
             options, storage, run_key, folder, events, calibration, num_workers
         )
     return done
+
+
+def dit_calibration_skipped(events: EventLog | None, job_id: str | None, storage: Storage) -> None:
+    """A run paused at max_steps is not calibrated: its milestones are not all there yet."""
+    if events is None and job_id:
+        events = EventLog(jsonl_sink(storage, layout.job_events(job_id)))
+    if events is not None:
+        events.log("paused at max_steps: calibration waits for the resumed run", "warn")
 
 
 def _checkpoint_key(storage: Storage, checkpoint: Any) -> str:

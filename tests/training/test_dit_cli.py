@@ -89,6 +89,36 @@ def test_a_paused_run_prints_how_to_continue_and_continues(
     assert log["resumes"] == [{"step": 2, "epoch": 1}] and log["steps"] == 6
 
 
+def test_requests_that_would_lose_or_fake_a_run_are_refused(
+    tmp_path, tiny_dit_dir, single_thread
+) -> None:
+    storage = Storage(tmp_path / "data")
+    write_cache(storage)
+    args = [SLUG, "--data", str(tmp_path / "data"), "--checkpoints", str(tiny_dit_dir), "--no-ray"]
+    args += ["--rank", "4", "--alpha", "8", "--epochs", "1", "--crop-frames", "48", "--json"]
+    args += ["--init-adapter", "", "--optimizer", "adamw", "--artist", "keep"]
+    args += ["--adapter-type", "lora"]  # the LoKR case below gives its own (the last one wins)
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    run_key = json.loads(first.output[first.output.index("{") :])["run_key"]
+    adapter = storage.read_bytes(f"{run_key}/adapter_model.safetensors")
+    # training from scratch into that folder again would replace its adapter and log
+    again = CliRunner().invoke(app, [*args, "--run-key", run_key])
+    assert again.exit_code != 0 and "already holds a run" in again.output
+    assert storage.read_bytes(f"{run_key}/adapter_model.safetensors") == adapter
+    replaced = CliRunner().invoke(app, [*args, "--run-key", run_key, "--overwrite"])
+    assert replaced.exit_code == 0, replaced.output
+    # an export stage with nothing trained or loaded would publish a random adapter
+    export_only = CliRunner().invoke(app, [*args, "--stages", "export"])
+    assert export_only.exit_code != 0 and "nothing was loaded" in export_only.output
+    # LoKR has no dropout: the value is refused, not dropped
+    lokr = CliRunner().invoke(app, [*args, "--adapter-type", "lokr", "--lora-dropout", "0.1"])
+    assert lokr.exit_code != 0 and "a LoKR adapter has none" in lokr.output
+    assert [key.rsplit("/", 1)[-1] for key in storage.list("adapters/dit-turbo/keep")] == [
+        run_key.rsplit("/", 1)[-1]
+    ]  # no refused request left a folder behind
+
+
 def test_the_variant_defaults_to_the_newest_cache(tmp_path) -> None:
     """As train-lm and the studio choose: the variant whose songs were written last."""
     storage = Storage(tmp_path / "data")

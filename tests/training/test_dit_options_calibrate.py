@@ -112,3 +112,9 @@ def test_cli_calibrates_the_trained_run(tmp_path, full_tree, single_thread) -> N
     assert not storage.exists(f"{calibrated}/adapter_model.safetensors")  # no repoint
     refused = CliRunner().invoke(app, [*args, "--stages", "train"])
     assert refused.exit_code == 2 and "export stage" in refused.output
+    # a run paused at max_steps is not calibrated (its milestones are not all there yet)
+    paused = CliRunner().invoke(app, [*args, "--artist", "cal-paused", "--max-steps", "1"])
+    assert paused.exit_code == 0, paused.output
+    summary = json.loads(paused.output[paused.output.index("{") :])
+    assert summary["stop_reason"] == "max_steps" and summary["calibration"] is None
+    assert not storage.exists(f"{storage.key_of(summary['run'])}-calibrated")
