@@ -68,6 +68,8 @@ def _options(
         raise InputError(f"--merge-policy must be one of {', '.join(MERGE_POLICIES)}")
     if caption_provider is not None and caption_provider not in CAPTION_PROVIDERS:
         raise InputError(f"--caption-provider must be one of {', '.join(CAPTION_PROVIDERS)}")
+    if caption_model and caption_provider is None:  # a model name belongs to one provider
+        raise InputError("--caption-model needs --caption-provider (the provider it belongs to)")
     # Only flags the user gave are set, so "asked explicitly" (an error when unavailable) differs
     # from the defaults (skipped with a warning when unavailable).
     given = {

@@ -39,6 +39,10 @@ def test_explicit_genius_without_a_token_is_a_usage_error(song_dataset):
     assert result.exit_code == 2 and "GENIUS_ACCESS_TOKEN" in result.output
     bad = runner.invoke(app, ["run", ds.slug, "--data", data, "--merge-policy", "newest"])
     assert bad.exit_code == 2 and "--merge-policy" in bad.output
+    # a model without its provider was dropped (the auto-picked provider used its own default)
+    model_only = ["run", ds.slug, "--data", data, "--no-ray", "--caption-model", "gemini-x"]
+    orphan = runner.invoke(app, model_only)
+    assert orphan.exit_code == 2 and "--caption-model needs --caption-provider" in orphan.output
 
 
 def test_providers_lists_what_is_configured(monkeypatch):
