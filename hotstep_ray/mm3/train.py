@@ -175,6 +175,9 @@ def setup(
     )
     schedule = LrSchedule(total_steps=options.steps, warmup_steps=options.warmup)
     artist = layout.check_name(options.adapter_name or slug, "adapter name")
+    resumed_run = options.resume.rstrip("/")
+    if resumed_run.endswith("/checkpoint"):  # a run's own checkpoint: continue in that run folder
+        out_dir = out_dir or resumed_run.rsplit("/", 1)[0]
     run = Mm3Run(
         options=options,
         storage=storage,

@@ -110,6 +110,7 @@ def test_resume_equals_uninterrupted(cached, mm3_checkpoints):
     resumed = setup(storage, slug, "", options.model_copy(update={"resume": key}),
                     transformer=ckpt.load_transformer(ckpt.Mm3Paths.find(mm3_checkpoints), torch.float32))  # fmt: skip
     assert resumed.start_step == 3
+    assert resumed.out_dir == first.out_dir  # it continues in the run folder it resumes
     train(resumed)
     assert resumed.losses == pytest.approx(full.losses, rel=1e-5)
     a, b = (
