@@ -78,9 +78,8 @@ def run_script(path: Path, args: list[str]) -> int:
         runpy.run_path(str(path), run_name="__main__")
     except SystemExit as done:
         code = done.code
-        if isinstance(
-            code, str
-        ):  # `raise SystemExit("why")`: the script's refusal, as Python shows it
+        # `raise SystemExit("why")`: the script's refusal, shown as Python itself would
+        if isinstance(code, str):
             typer.echo(code, err=True)
         return code if isinstance(code, int) else (0 if code is None else 1)
     finally:

@@ -221,7 +221,7 @@ def _run(
             log = outcome.log
             calibrated = None
             if options.calibrate and outcome.stop_reason == "max_steps":
-                ray_dit.dit_calibration_skipped(job.events, None, storage)
+                ray_dit.dit_calibration_skipped(job.events)
             elif options.calibrate:
                 job.phase("calibrate")
                 dit_folder = run.dit_folder

@@ -7,7 +7,8 @@ setup   read the tensor cache; load the DiT (bf16 on CUDA, fp32 on CPU) keeping 
         transformer and the null condition on the device; size the run to the GPU (`dit_vram.fit`:
         crop, then checkpointing, then batch); inject the LoRA/LoKR adapter (fp32 master weights)
         into the top `layers`; hybrid Muon/AdamW; the LR schedule (lr(0)=0, warmup max(50 steps,
-        5 %) capped at half the run, cosine to 10 %); the stop rule and milestones; resume from a checkpoint when asked.
+        5 %) capped at half the run, cosine to 10 %); the stop rule and milestones; resume from
+        a checkpoint when asked.
 train   per optimizer step: one seeded stream (seed, step, rank) draws every crop, timestep, CFG
         coin and noise of the window, so a resumed run redraws exactly what an uninterrupted one
         would; `grad_accum` micro-batches weighted by their sample share; gradient all-reduce

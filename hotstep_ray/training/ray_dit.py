@@ -198,21 +198,19 @@ def train_dit_on_ray(
         log=storage.read_json(log_key) if storage.exists(log_key) else {},
         checkpoint_key=_checkpoint_key(storage, result.checkpoint),
     )
+    if options.calibrate and events is None and job_id:
+        events = EventLog(jsonl_sink(storage, layout.job_events(job_id)))
     if options.calibrate and done.log.get("stop_reason") == "max_steps":
-        dit_calibration_skipped(events, job_id, storage)
+        dit_calibration_skipped(events)
     elif options.calibrate:
-        if events is None and job_id:
-            events = EventLog(jsonl_sink(storage, layout.job_events(job_id)))
         done.calibration = calibrate_dit_run(
             options, storage, run_key, folder, events, calibration, num_workers
         )
     return done
 
 
-def dit_calibration_skipped(events: EventLog | None, job_id: str | None, storage: Storage) -> None:
+def dit_calibration_skipped(events: EventLog | None) -> None:
     """A run paused at max_steps is not calibrated: its milestones are not all there yet."""
-    if events is None and job_id:
-        events = EventLog(jsonl_sink(storage, layout.job_events(job_id)))
     if events is not None:
         events.log("paused at max_steps: calibration waits for the resumed run", "warn")
 
