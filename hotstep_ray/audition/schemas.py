@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, StrictInt, field_validator
 
 from hotstep_ray.core.contracts import Contract, Options
 
@@ -94,7 +94,8 @@ class LmResult(Contract):
 class DecodeRequest(Options):
     """`POST /codes-decode`: `<|audio_code_N|>` tokens, a CSV string or a list of ints."""
 
-    audio_codes: str | list[int]
+    # Strict: a lax int would take true and "7" as codes 1 and 7 before parse_codes could refuse.
+    audio_codes: str | list[StrictInt]
     format: AudioFormat = "wav"
 
 
@@ -156,7 +157,7 @@ class DitRequest(Metas):
     shift: float | None = Field(default=None, ge=1.0, le=5.0)  # turbo 3.0, base 1.0
     dit_adapter: str = Field(default="", max_length=300)
     dit_adapter_scale: float = Field(default=1.0, ge=0.0, le=2.0)
-    audio_codes: str | list[int] | None = None  # LM codes as context hints (cover path)
+    audio_codes: str | list[StrictInt] | None = None  # LM codes as context hints (cover path)
     base_side: bool = True  # also render without the adapter (the A/B)
     trigger: str | None = Field(default=None, max_length=200)
     trigger_position: TriggerPlacement = "prepend"

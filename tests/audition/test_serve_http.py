@@ -95,6 +95,9 @@ def test_decode_returns_a_wav_of_codes_times_0_2_s(base_url):
         ({"audio_codes": []}, 400, "empty"),
         ({"audio_codes": "1," * 3001}, 413, "600 s"),
         ({"audio_codes": "<|audio_code_1|>junk"}, 400, "junk"),
+        ({"audio_codes": [True]}, 422, "audio_codes"),  # a bool is not a code
+        ({"audio_codes": [1, "7"]}, 422, "audio_codes"),  # nor a string inside the list
+        ({"audio_codes": [2.0]}, 422, "audio_codes"),
         ({"audioCodes": [1], "colour": "red"}, 422, "colour"),
         (b'{"audio_codes": [1,', 422, "JSON"),
         (b'{"audio_codes": "' + b"1," * 40000 + b'1"}', 413, "cap"),
