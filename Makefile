@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DATA ?= ./data
 
-.PHONY: demo test lint install browser clean
+.PHONY: demo test test-fast lint install browser clean
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ browser:
 
 test: lint browser
 	$(BIN)/python -m pytest
+
+# A developer's quick tier: everything not marked slow. CI and the README run `make test`.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
 
 clean:
 	rm -rf $(VENV) $(DATA) .pytest_cache .ruff_cache

@@ -1,4 +1,10 @@
-"""Shared fixtures. Ray starts at most once per test session (init+shutdown costs ~5 s)."""
+"""Shared fixtures and the suite's schedule.
+
+The suite runs on pytest-xdist workers (`-n auto` in pyproject.toml): one per core, at most
+MAX_WORKERS, each with its own Ray instance (started at most once per worker). Whole files go
+to one worker, so a file's module fixtures are built once, and files with slow tests are handed
+out first.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,54 @@ import pytest
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 FIXTURES = Path(__file__).parent / "fixtures"
+# Each worker holds its own Ray instance (~1 GiB with its idle workers) and tiny trees; past a
+# few workers a bigger machine gains little, since the longest files bound the run.
+MAX_WORKERS = 4
+# Files whose tests share a session fixture too costly to build once per worker (the studio's
+# whole pipeline run): each set runs on one worker.
+SHARED_WORKER = {
+    "tests/studio/test_page_chromium.py": "studio_pipeline",
+    "tests/studio/test_pipeline_http.py": "studio_pipeline",
+}
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: one worker per core, at most MAX_WORKERS (PYTEST_XDIST_AUTO_NUM_WORKERS wins)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
+
+
+def _work_unit(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return SHARED_WORKER.get(path, path)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Whole files (or SHARED_WORKER sets) go to one worker, in collection order: xdist's
+    `loadfile`, less its reordering by test count and with the shared sets."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _work_unit(nodeid)
+
+    config.option.loadscopereorder = False  # keep the slow-first order below
+    return FileScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Hand out the work units holding slow tests first (Ray pipelines before other slow files
+    before the rest), keeping each unit's own order, so no long file starts last while the
+    other cores sit idle."""
+    ranks: dict[str, int] = {}
+    for item in items:
+        slow = item.get_closest_marker("slow") is not None
+        rank = 2 - slow - (slow and item.get_closest_marker("ray") is not None)
+        unit = _work_unit(item.nodeid)
+        ranks[unit] = min(ranks.get(unit, 2), rank)
+    order = {unit: (rank, index) for index, (unit, rank) in enumerate(ranks.items())}
+    items.sort(key=lambda item: order[_work_unit(item.nodeid)])
 
 
 @pytest.fixture(scope="session", autouse=True)

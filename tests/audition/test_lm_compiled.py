@@ -18,6 +18,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from hotstep_ray.audition import lm_decode
 from hotstep_ray.audition.lm_decode import Stepper, decode_sdpa, resolve_mode
 
+pytestmark = pytest.mark.slow  # Inductor compiles every case from scratch
 ROWS = [list(range(100, 130)), list(range(200, 212))]  # CFG: two rows of unequal length
 TOKENS = [torch.tensor(t) for t in range(5, 25)]  # 20 decode steps
 

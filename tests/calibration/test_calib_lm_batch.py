@@ -19,6 +19,7 @@ from hotstep_ray.calibration.prompts import song_prompts
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.training import lm_data
 
+pytestmark = pytest.mark.slow  # LM decodes of every grid point, batched and one by one
 LORA = "adapters/lm-06b/batch/2026-01-01_00-00-00"
 
 

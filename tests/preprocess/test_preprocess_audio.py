@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from conftest import LEFT_HZ, RIGHT_HZ, tone, write_tone
+from preprocess_support import LEFT_HZ, RIGHT_HZ, tone, write_tone
 
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.preprocess.audio_prep import AudioError, prepare_audio

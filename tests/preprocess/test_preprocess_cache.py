@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from conftest import SONGS, TAG, snapshot
+from preprocess_support import SONGS, TAG, snapshot
 from typer.testing import CliRunner
 
 from hotstep_ray.cli.preprocess_cmd import app

@@ -15,7 +15,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import make_song_folder, new_dataset
+from preprocess_support import make_song_folder, new_dataset
 
 from hotstep_ray.core.storage import Storage
 

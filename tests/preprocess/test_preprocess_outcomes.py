@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import soundfile as sf
-from conftest import new_dataset, snapshot, tone, write_tone
+from preprocess_support import new_dataset, snapshot, tone, write_tone
 
 from hotstep_ray.core import layout
 from hotstep_ray.core.events import EventLog, LogEvent, ProgressEvent

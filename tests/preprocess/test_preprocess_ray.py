@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import new_dataset
+from preprocess_support import new_dataset
 
 from hotstep_ray.core.events import EventLog, ProgressEvent
 from hotstep_ray.core.storage import Storage

@@ -6,23 +6,26 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import live_server
 import pytest
 from fastapi.testclient import TestClient
-from live_server import LiveServer, http_json
+from live_server import (
+    API,
+    PIPELINE_SONGS,
+    PIPELINE_TOKEN,
+    LiveServer,
+    Pipeline,
+    http_json,
+    run_kind,
+)
 
 from hotstep_ray.audio.example_songs import write_example_songs
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.studio.app import create_app
 from hotstep_ray.studio.config import StudioConfig
-
-API = "/api/training"
 
 
 @pytest.fixture(scope="session")
@@ -83,48 +86,6 @@ def read_sse() -> Callable[..., list[dict[str, Any]]]:
 
 
 # -- a real server over the whole pipeline (the end-to-end and browser tests share it) ---------
-PIPELINE_TOKEN = "pipeline-s3cret"
-PIPELINE_SONGS = ("01_morning_drive", "05_untitled")  # a sidecar caption, and none (labeled)
-# Every stage sized for seconds on 2 CPU cores: 2 s cuts, a tiny LoKR, one step per epoch.
-PIPELINE_OPTIONS: dict[str, dict[str, Any]] = {
-    "label": {"scope": "all", "useGenius": False, "caption": {"provider": "offline"}},
-    "preprocess": {"maxDurationS": 2.0},
-    "train-dit": {
-        "adapterType": "lokr",
-        "lokrDim": 8,
-        "lokrAlpha": 8,
-        "cropFrames": 48,
-        "batch": 2,
-        "gradAccum": 1,
-        "epochs": 4,
-        "targetLoss": 0,
-        "milestoneStep": 0,
-        "checkpointSegments": 0,
-        "initAdapter": "",
-    },
-    "audition": {"duration": 2.0, "seed": 7},
-}
-
-
-@dataclass
-class PipelineRun:
-    """One kind's job: the 202 answer, the polled summaries, the SSE frames, the result."""
-
-    job_id: str
-    accepted: dict[str, Any]
-    polled: list[dict[str, Any]]
-    frames: list[dict[str, Any]]
-    result: Any
-
-
-@dataclass
-class Pipeline:
-    url: str
-    token: str
-    root: Path
-    dataset: dict[str, Any]
-    runs: dict[str, PipelineRun] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)
 
 
 @pytest.fixture(scope="session")
@@ -132,37 +93,6 @@ def tiny_checkpoints(tmp_path_factory) -> Path:
     from hotstep_ray.models.tiny_tree import make_tiny_tree
 
     return make_tiny_tree(tmp_path_factory.mktemp("checkpoints"), seed=0)
-
-
-def run_kind(
-    pipeline: Pipeline, kind: str, options: dict[str, Any] | None = None, timeout_s: float = 180.0
-) -> PipelineRun:
-    """Start one job over HTTP (default options: `PIPELINE_OPTIONS`), poll it to its end, replay
-    its events and fetch its result."""
-    base, token = f"{pipeline.url}{API}", pipeline.token
-    started = time.monotonic()
-    body = PIPELINE_OPTIONS[kind] if options is None else options
-    status, accepted = http_json(
-        "POST", f"{base}/datasets/{pipeline.dataset['slug']}/{kind}", body, token
-    )
-    assert status == 202, (kind, status, accepted)
-    job_id = accepted["jobId"]
-    polled = []
-    while True:  # the REST way: poll the job until it ends
-        status, job = http_json("GET", f"{base}/jobs/{job_id}", token=token)
-        assert status == 200
-        polled.append(job)
-        if job["status"] in ("done", "failed", "cancelled"):
-            break
-        assert time.monotonic() - started < timeout_s, f"{kind} still {job['status']}"
-        time.sleep(0.25)
-    frames = live_server.read_sse(
-        f"{base}/jobs/{job_id}/events", token
-    )  # the replay of the ended job
-    assert job["status"] == "done", (kind, job["error"], frames[-5:])
-    status, result = http_json("GET", f"{base}/jobs/{job_id}/result", token=token)
-    pipeline.seconds[kind] = time.monotonic() - started
-    return PipelineRun(job_id, accepted, polled, frames, result if status == 200 else None)
 
 
 @pytest.fixture(scope="session")

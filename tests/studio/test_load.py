@@ -8,8 +8,7 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import API
-from live_server import LiveServer, http_json
+from live_server import API, LiveServer, http_json
 
 from hotstep_ray.studio.app import create_app
 from hotstep_ray.studio.config import StudioConfig

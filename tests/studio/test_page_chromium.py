@@ -15,7 +15,7 @@ import shutil
 
 import pytest
 from cdp import Chromium, find_chromium
-from conftest import PIPELINE_SONGS
+from live_server import PIPELINE_SONGS
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 SCREENSHOT_DIR_ENV = "HOTSTEP_SCREENSHOT_DIR"  # keep the screenshot somewhere to look at it

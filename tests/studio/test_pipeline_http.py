@@ -7,8 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import API, PIPELINE_SONGS, run_kind
-from live_server import http_json
+from live_server import API, PIPELINE_SONGS, http_json, run_kind
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

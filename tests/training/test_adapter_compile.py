@@ -14,6 +14,7 @@ from hotstep_ray.models.acestep_dit import load_acestep_dit
 from hotstep_ray.models.acestep_ops import TrainBatch
 from hotstep_ray.training import adapters, dit_loss
 
+pytestmark = pytest.mark.slow  # Inductor compiles every case from scratch
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "acestep15-tiny" / "checkpoint"
 # id -> (adapter kind, KRON_MIX, KRON_FORWARD): the CPU's and CUDA's factored defaults ("auto":
 # gemm / ordered), and the merged forward. The pointwise mixes share KronMix, whose values and

@@ -24,6 +24,7 @@ from hotstep_ray.core.storage import Storage
 from hotstep_ray.training import adapters, compiling, lm, lm_data, lm_loss
 from hotstep_ray.training.adapters import AdapterSpec
 
+pytestmark = pytest.mark.slow  # Inductor compiles every case from scratch
 VOCAB = 96
 CODES_KEY = "tensors/band/v1/lm_codes.jsonl"
 
