@@ -157,7 +157,14 @@ def test_bench_muon_counts_the_adapters_matrices(tmp_path):
     # one layer of 24 (`--layers 1`): bf16 matmuls crawl on a CPU without bf16 units
     assert tf32["matrices"] == bf16["matrices"] == batched["matrices"] == 22
     assert tf32["step_ms"] > 0 and not {"error"} & (tf32.keys() | bf16.keys() | batched.keys())
-    assert 1e-3 < batched["ns_max_rel_error"] < 5e-2  # bf16 stacks, per-slab float32 norm
+    # Errors are max |x - x_f64| / max |x_f64| after 5 Newton-Schulz steps (3 matmuls each, K up to
+    # 6144). float32 ("tf32" is float32 off CUDA): u sqrt(K) ~ 5e-6 per matmul (u = eps_f32 / 2)
+    # over 15 matmuls of gain ~1 stays under 1e-4. bf16 (u = 2^-8): rounding the bf16 result
+    # alone moves its largest entries by up to 2^-9..2^-8 (> 1e-3: a float32 path would fail),
+    # and <= 3 bf16 roundings per step, carried on by the quintic with gains of O(1), stay under
+    # ~25 u ~ 0.1; both bf16 paths share that bound (the per-slab float32 norm saves one rounding
+    # of ~16).
+    assert 1e-3 < batched["ns_max_rel_error"] < 0.1  # bf16 stacks, per-slab float32 norm
     assert tf32["ns_max_rel_error"] < 1e-4  # the CPU's "tf32" is float32
     assert 1e-3 < bf16["ns_max_rel_error"] < 0.1  # torch's bf16 iteration
 

@@ -60,7 +60,11 @@ def test_baked_scale_reproduces_the_scaled_delta(tmp_path, kind):
     bake.bake_adapter(storage, "src", "out", 0.75, metadata={"hot_step_calibrated": "v1"})
     want, got = _deltas(storage, "src", 0.75), _deltas(storage, "out")
     assert set(want) == set(got)
-    for path in want:  # one more BF16 rounding (relative 2^-9 per element) of the scaled factor
+    # The baked file rounds the scaled factor to BF16 once more: <= 2^-8 = 3.9e-3 relative per
+    # element (8-bit significand, round to nearest). LoKR's w1 (x) w2 has at most that norm-wise
+    # error; in LoRA's B A the per-element errors (random signs) average to under half of it. The
+    # float32 products add ~1e-7, so the bound does not depend on the CPU.
+    for path in want:
         error = (got[path] - want[path]).norm() / want[path].norm()
         assert error < 5e-3, path
     _, _, meta = export.read_adapter_file(storage, "out")

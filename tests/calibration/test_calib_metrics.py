@@ -20,6 +20,8 @@ def _songs(count: int, length: int, seed: int, low: int = 0, high: int = 64000) 
 # -- Jensen-Shannon distances --------------------------------------------------------------------
 def test_identical_distributions_score_zero():
     songs = _songs(3, 200, seed=1, high=50)
+    # Exact: p == q bin by bin (c/N and 2c/2N are the same correctly rounded float64), so every
+    # log2(p / m) is log2(1) = 0. Pure Python arithmetic: the same on every CPU.
     assert metrics.marginal_distance(songs, songs) == 0.0
     assert metrics.transition_distance(songs, songs) == 0.0
     # Same histogram at another sample size (each song twice) is the same distribution.
@@ -29,6 +31,8 @@ def test_identical_distributions_score_zero():
 
 def test_disjoint_distributions_score_the_maximum():
     low, high = _songs(2, 100, seed=2, high=100), _songs(2, 100, seed=3, low=1000, high=1100)
+    # Disjoint: log2(p / m) = log2(2) = 1 exactly, so JS = ½ (Σ p + Σ q): float64 sums of <= 200
+    # probabilities, round-off <= 200 eps_f64 ~ 4e-14.
     assert metrics.marginal_distance(low, high) == pytest.approx(1.0, abs=1e-12)
     assert metrics.transition_distance(low, high) == pytest.approx(1.0, abs=1e-12)
     assert metrics.marginal_distance([], high) == 1.0  # nothing generated: the maximum
@@ -36,7 +40,8 @@ def test_disjoint_distributions_score_the_maximum():
 
 
 def test_js_matches_the_closed_form_and_orders_by_closeness():
-    # P = (1/2, 1/2, 0), Q = (0, 1/2, 1/2): M = (1/4, 1/2, 1/4); JS = 1/2 bit.
+    # P = (1/2, 1/2, 0), Q = (0, 1/2, 1/2): M = (1/4, 1/2, 1/4); JS = 1/2 bit (a few float64
+    # operations on powers of two: approx's default rel 1e-6 is slack).
     assert metrics.js_divergence({0: 1, 1: 1}, {1: 1, 2: 1}) == pytest.approx(0.5)
     data = _songs(4, 300, seed=4, high=40)
     near = [s[:] for s in data]
@@ -49,6 +54,9 @@ def test_transitions_see_order_that_the_marginal_does_not():
     data = [list(range(50)) * 4]
     shuffled = [random.Random(0).sample(data[0], len(data[0]))]
     assert metrics.marginal_distance(shuffled, data) == 0.0
+    # The sorted cycle has 50 distinct bigrams of 2,500: a random order shares almost none, so JS
+    # is near its 1-bit maximum; order-blind bigrams would give 0. (random.Random is the same
+    # stream on every platform.)
     assert metrics.transition_distance(shuffled, data) > 0.5
 
 
@@ -108,6 +116,7 @@ def test_longest_match_agrees_with_brute_force():
 def test_length_guard_needs_sixty_percent_of_the_base_length():
     base = [100, 100, 100]
     assert metrics.length_guard([60, 60, 60], base).passed
+    # ratios of small integer means in float64: within an ulp or two of the fraction
     assert metrics.length_guard([100, 20, 60], base).ratio == pytest.approx(0.6)
     short = metrics.length_guard([50, 60, 60], base)
     assert not short.passed and short.ratio == pytest.approx(170 / 300)
@@ -123,6 +132,9 @@ def _spd(dim: int, seed: int) -> np.ndarray:
 
 def test_frechet_of_identical_gaussians_is_zero():
     mu, sigma = np.arange(64, dtype=float) / 10, _spd(64, 0)
+    # float64 round-off of 2 Tr(S) - 2 Σ √eig(S^½ S S^½) (LAPACK's order differs by CPU): each
+    # eigenvalue λ² of S² (<= 17) is off by <~ d eps_f64 ||S²|| ~ 2e-13, its root λ by that / 2λ
+    # (λ >= 0.1), 2 x 64 of them: <~ 2e-10.
     assert metrics.frechet_distance(mu, sigma, mu, sigma) == pytest.approx(0.0, abs=1e-8)
 
 
@@ -130,7 +142,7 @@ def test_frechet_matches_the_closed_form_for_known_gaussians():
     # Diagonal covariances commute: FD = |mu1 - mu2|² + Σ (√a_i - √b_i)².
     mu1, mu2 = np.zeros(3), np.array([1.0, 2.0, 2.0])
     a, b = np.array([1.0, 4.0, 9.0]), np.array([4.0, 1.0, 9.0])
-    expected = 9.0 + (1 - 2) ** 2 + (2 - 1) ** 2 + 0.0
+    expected = 9.0 + (1 - 2) ** 2 + (2 - 1) ** 2 + 0.0  # float64 on diagonals: default rel 1e-6
     assert metrics.frechet_distance(mu1, np.diag(a), mu2, np.diag(b)) == pytest.approx(expected)
     # 1-D: (m1 - m2)² + (s1 - s2)².
     assert metrics.frechet_distance([0.0], [[4.0]], [3.0], [[1.0]]) == pytest.approx(9 + 1)
@@ -145,8 +157,11 @@ def test_frechet_matches_a_float64_reference_on_full_covariances():
     roots = np.sqrt(np.clip(np.linalg.eigvals(s1 @ s2).real, 0, None)).sum()
     reference = float((mu1 - mu2) @ (mu1 - mu2) + np.trace(s1) + np.trace(s2) - 2 * roots)
     value = metrics.frechet_distance(mu1, s1, mu2, s2)
+    # Two float64 routes: the non-symmetric eigvals are off by <~ d eps_f64 ||S1 S2|| κ(S1^½)
+    # ~ 1e-12 each, roots amplify by 1 / 2√λ_min, 64 of them against FD ~ 2e2: <~ 1e-11 relative.
     assert value == pytest.approx(reference, rel=1e-9)
-    # float32 inputs (torch) go through float64 too.
+    # float32 inputs (torch) go through float64 too. Rounding S1 to float32 moves each entry by
+    # <= 2^-24 relative: |δFD| <~ 2^-24 Σ|S1_ij| (~5e2) x ||∂FD/∂S1|| (~2) ~ 6e-5, ~3e-7 of FD.
     as_torch = metrics.frechet_distance(
         torch.tensor(mu1), torch.tensor(s1, dtype=torch.float32), mu2, s2
     )
@@ -157,8 +172,13 @@ def test_sqrtm_is_stable_on_rank_deficient_covariances():
     v = np.random.default_rng(4).standard_normal((64, 3))
     low_rank = v @ v.T  # rank 3: eigenvalues round to tiny negatives
     root = metrics.sqrtm_psd(low_rank)
-    assert np.all(np.isfinite(root)) and np.allclose(root @ root, low_rank, atol=1e-8)
+    # eigh reconstruction in float64: <~ d eps_f64 ||A||_2 (~80) ~ 1e-12 per entry (no rtol: the
+    # bound is absolute; |A| entries reach ~10).
+    assert np.all(np.isfinite(root)) and np.allclose(root @ root, low_rank, rtol=0, atol=1e-8)
     value = metrics.frechet_distance(np.zeros(64), low_rank, np.zeros(64), low_rank)
+    # The 61 null-space eigenvalues of S^½ S S^½ are round-off (~1e-12), whose roots (~1e-6) only
+    # ever add to Σ √λ, pushing FD below 0, where it is clipped; the three real ones are good to
+    # ~d eps_f64 Tr(A) ~ 1e-12.
     assert math.isfinite(value) and value == pytest.approx(0.0, abs=1e-6)
 
 
@@ -169,9 +189,15 @@ def test_latent_stats_merge_equals_one_fit_and_feeds_frechet():
     parts = metrics.LatentStats.of(frames[:123]).merge(metrics.LatentStats.of(frames[123:]))
     mu, sigma = parts.gaussian()
     assert whole.count == parts.count == 500
+    # float64 Chan merge vs one pass: ~n eps_f64 ~ 1e-13 relative, far inside allclose's default
+    # (rtol 1e-5); dropping the δδᵀ term would miss by ~1e-3 of the covariance.
     assert np.allclose(mu, frames.mean(axis=0)) and np.allclose(sigma, np.cov(frames.T))
+    # identical fits up to float64 round-off: FD <~ 1e-10 (as in the identical-Gaussians test)
     assert metrics.latent_frechet(parts, whole) == pytest.approx(0.0, abs=1e-8)
     shifted = metrics.LatentStats.of(torch.tensor(frames + 0.5, dtype=torch.float32))
+    # FD = 64 x 0.5²; float32 storage moves each frame by <= 2^-24 x |x| (<~ 10), so each
+    # channel's mean shift by <~ 6e-7: <~ 4e-6 relative on FD (the covariance term is second
+    # order). A dropped mean term or wrong shift misses by O(1).
     assert metrics.latent_frechet(shifted, whole) == pytest.approx(64 * 0.25, rel=1e-4)
     with pytest.raises(ValueError):
         metrics.LatentStats.of(frames[:1]).gaussian()

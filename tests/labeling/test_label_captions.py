@@ -58,6 +58,8 @@ def _gemini_answer(text: str) -> dict:
     return {"candidates": [{"content": {"parts": [{"text": text}]}, "finishReason": "STOP"}]}
 
 
+# MP3 durations are checked to +-0.1 s: LAME's encoder delay and end padding add a few frames
+# (~1152 samples each, ~26 ms at 44.1 kHz), far less than a wrong rate or a missing second.
 def _mp3_seconds(b64: str) -> float:
     info = sf.info(io.BytesIO(base64.b64decode(b64)))
     assert (info.samplerate, info.channels) == (44_100, 2)

@@ -51,6 +51,8 @@ def test_encode_span_equals_the_condition_encoder_on_a_window(models):
     hiddens = torch.randn(200, 8 * 16)
     reference = models.condition_encoder(hiddens[None])[0]  # the module's own resample
     ours = encode_span(models.condition_encoder, hiddens, 689)
+    # The same encoder call on the same [1, 200, 128] input in this process, then a gather: equal
+    # but for round-off; plain vs "nearest-exact" resampling would move 100 columns by O(1).
     assert torch.allclose(ours, reference, atol=1e-6)
 
 
@@ -104,8 +106,13 @@ def test_teacher_forcing_reproduces_the_reference_rollout(models, monkeypatch):
     codes = torch.stack(recorded)
     assert codes.shape == (frames.shape[0] + 1, 8)
     replay = teacher_forced_hiddens(models, CAPTION, LYRICS, codes)
+    # One parallel pass against the rollout's cached one-token steps: other kernels and orders.
+    # The frames are RMS-normed float32 hidden states (RMS 1 over 16 features, so |h| <~ 4) of a
+    # 2-layer, 16-wide LM, reductions over <= 32 features or the ~1e2 prompt tokens: round-off
+    # ~u sqrt(Σ K) |h| <~ 6e-6 (u = eps_f32 / 2), inside atol + rtol |h| >= 1e-5.
     assert torch.allclose(replay, frames.float(), atol=1e-5)
     shifted = teacher_forced_hiddens(models, CAPTION, LYRICS, codes[1:])  # warm-up row dropped
+    # The one-frame offset changes the frames far past that round-off (1e-3: 100x above it).
     assert not torch.allclose(shifted, frames[1:].float(), atol=1e-3)
 
 

@@ -112,10 +112,13 @@ def test_loss_equals_the_reference_from_the_composer_forward(dataset, mm3_checkp
         run.options = options(codes_dir, supervise_eos=eos)
         ours = song_loss(run, song, 0, song.n_frames).item()
         ref = reference_loss(run.lm, run.depth, song.prompt_ids, rows, eos)
+        # Mean cross-entropy ~ln(16,385) = 9.7 nats by two float32 routes: log-sum-exp over 16,385
+        # columns of |logit| < ~1 is good to ~u (ln n + max |z|) ~ 1e-6 (u = eps_f32 / 2). The
+        # 1e-4 band is still far below what a shifted target or the EOS row changes.
         assert ours == pytest.approx(ref, rel=1e-5, abs=1e-5)
     # A crop that does not reach the end: no EOS target, only frames 2..5 supervised.
     part = song_loss(run, song, 2, 4).item()
-    assert math.isfinite(part) and part != pytest.approx(ours)
+    assert math.isfinite(part) and part != pytest.approx(ours)  # other targets: O(1e-2) apart
 
 
 def test_loss_falls_on_a_memorisable_two_song_set(dataset, mm3_checkpoints):
@@ -132,7 +135,7 @@ def test_loss_falls_on_a_memorisable_two_song_set(dataset, mm3_checkpoints):
     train(run)
     after = full_song_losses(run)
     chance = math.log(16_385)  # 9.70 nats: uniform over EOS + 16,384 semantic codes
-    for stem in before:
+    for stem in before:  # outcomes of 40 steps, not round-off: margins a CPU's order cannot eat
         assert after[stem] < 0.6 * before[stem], (before, after)
         assert after[stem] < chance - 2.0, (before, after)  # well below the uniform guess
     assert len(run.steps_log) == 40 and run.steps_log[-1]["lr"] < opts.learning_rate
@@ -174,6 +177,7 @@ def test_cli_export_reloads_with_peft_and_changes_logits(dataset, mm3_checkpoint
         adapted = peft_model(input_ids=ids).logits
     loaded = sum(1 for n, _ in peft_model.named_parameters() if "lora_B" in n)
     assert loaded == 14  # every exported module found its target
+    # 6 steps at lr 1e-2 move B from 0 by ~1e-2 per entry; round-off of the logits is ~1e-7
     assert (adapted - plain).abs().max() > 1e-3
 
 

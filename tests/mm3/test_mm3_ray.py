@@ -102,7 +102,11 @@ def test_a_killed_worker_resumes_and_ends_where_an_uninterrupted_run_ends(
 
     plain = run_train_dit(storage, SLUG, str(mm3_checkpoints), options())
     plain_report = storage.read_json(plain["report"])
-    torch.testing.assert_close(report["losses"], plain_report["losses"])
+    # The two runs are separate processes (a Ray worker, this one), so no bit-identity is
+    # promised: float32 slack for a loss that is a mean over 128 x 32 latents (u sqrt(4096) ~ 4e-6
+    # relative), not assert_close's float64 default for Python floats (1e-7). A resume that loses
+    # its optimizer state or schedule moves the later losses far more.
+    torch.testing.assert_close(report["losses"], plain_report["losses"], rtol=1e-5, atol=0)
     resumed, uninterrupted = (
         lora(storage, result.run_key),
         lora(storage, plain["lora"].rsplit("/", 1)[0]),
@@ -110,7 +114,7 @@ def test_a_killed_worker_resumes_and_ends_where_an_uninterrupted_run_ends(
     assert resumed.keys() == uninterrupted.keys()
     moved = [k for k in resumed if k.endswith("lora_B.weight") and resumed[k].abs().max() > 0]
     assert moved  # the adapter trained (B starts at zero)
-    for key in resumed:
+    for key in resumed:  # float32 defaults (rtol 1.3e-6, atol 1e-5); Adam moves B ~lr = 1e-2
         torch.testing.assert_close(resumed[key], uninterrupted[key])
 
 

@@ -85,12 +85,17 @@ def test_a_model_with_zero_training_loss_samples_the_data():
     oracle, cond = OracleVelocity(x0), torch.zeros(1, 16, 8)
     noise = torch.randn(x0.shape, generator=gen)
     t = torch.tensor([0.1])
+    # Elementwise float32 only: the oracle's velocity is off the target by a few ulps of
+    # |x| <~ 12 (~3e-6), so the MSE is <~ 1e-11; the negated target costs 4 E|x0 - noise|² = 20.
     assert flow.flow_loss(oracle, x0, noise, t, cond).item() < 1e-10
     check = flow.sign_check(oracle, x0, cond)
     assert check["loss_target"] < 1e-10 < check["loss_negated"]
-    # Our sampler (the reference schedule) integrates that velocity onto the data.
+    # Our sampler (the reference schedule) integrates that velocity onto the data. The last Euler
+    # step (to t = 1 exactly) lands on x + (1 - t) (x0 - x) / (1 - t): x0 up to ~3 roundings of
+    # values <~ 12, ~3e-6 (elementwise, no reductions); a schedule stopping short of t = 1 by δ
+    # misses by δ |x0 - noise|.
     out = sampler.sample_window(oracle, cond, noise, guidance=1.0)
-    assert torch.allclose(out, x0, atol=1e-4)
+    assert torch.allclose(out, x0, rtol=0, atol=1e-5)
 
 
 def test_training_loss_on_the_right_target_is_far_below_the_negated(tmp_path):
@@ -112,6 +117,7 @@ def test_training_loss_on_the_right_target_is_far_below_the_negated(tmp_path):
         train(run)
     after = flow.sign_check(run.transformer, x0, cond)
     assert 0.8 < before["ratio"] < 1.2  # the random model has no opinion
+    # a training outcome (150 steps), not round-off: a sign-flipped target ends above 1
     assert after["loss_target"] < 0.5 * after["loss_negated"]
     assert run.losses[-1] < run.losses[0]
 
@@ -125,18 +131,20 @@ def test_delta_gate_matches_the_shared_report_and_warns_above_5_percent():
         gate = delta_gate(model, norms)
     shared = {g["group"]: g["median"] for g in delta_report(model, group_of=lambda p: p)}
     ours = {path: delta_norm(layer) / norms[path] for path, layer in adapters.tuner_layers(model)}
-    assert ours == pytest.approx(shared, rel=1e-5)  # the r x r norm equals the materialised one
+    # the r x r norm (float64) equals the materialised one: float32 ΔW = B A (4 terms) and its norm
+    # over <= 32 x 288 entries, u sqrt(9216) / 2 ~ 3e-6 relative (u = eps_f32 / 2)
+    assert ours == pytest.approx(shared, rel=1e-5)
     for _, layer in adapters.tuner_layers(model):  # shrink every B: a healthy delta
         layer.lora_B[adapters.ADAPTER_NAME].weight.data.mul_(1e-3)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no warning below the gate
         healthy = delta_gate(model, norms)
-    assert not healthy.flagged and healthy.median < 0.05
+    assert not healthy.flagged and healthy.median < 0.05  # the 5 % gate; B x 1e-3 is far under it
     for _, layer in adapters.tuner_layers(model):
         layer.lora_B[adapters.ADAPTER_NAME].weight.data.mul_(1e5)
     with pytest.warns(UserWarning, match="5% gate"):
         damaged = delta_gate(model, norms)
-    assert damaged.flagged and damaged.median > 0.05
+    assert damaged.flagged and damaged.median > 0.05  # B x 1e2 of the original: far over it
     assert [g["group"] for g in gate.groups] == [
         "q", "k", "v", "o", "ff_in", "ff_out", "proj_in", "proj_out",
     ]  # fmt: skip
@@ -154,6 +162,8 @@ def test_export_filter_zeroes_qk_rows_and_drops_the_projections(tmp_path):
     live = adapters.delta_weights(model)
     fused = full[f"{qkv}.lora_B.weight"] @ full[f"{qkv}.lora_A.weight"]
     expected = torch.cat([live[f"transformer_blocks.0.attn.{n}"] for n in ("to_q", "to_k", "to_v")])
+    # float32 rank-4 products of |ΔW| <~ 0.06 (zero blocks add exactly): ~(r + 2) u max|ΔW| ~ 2e-8;
+    # a misplaced block misses by O(|ΔW|)
     assert torch.allclose(fused, expected, atol=1e-6)
     b = filtered[f"{qkv}.lora_B.weight"]
     assert torch.count_nonzero(b[: 2 * INNER]) == 0  # q and k rows zeroed
@@ -181,6 +191,7 @@ def test_export_filter_zeroes_qk_rows_and_drops_the_projections(tmp_path):
     again = adapters.delta_weights(reloaded)
     for path, delta in live.items():
         dropped = path.endswith(("to_q", "to_k")) or path in ("proj_in", "proj_out")
+        # float32 file, the same products: round-off only, as for the fused delta above
         assert torch.allclose(again[path], torch.zeros_like(delta) if dropped else delta, atol=1e-6)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -31,6 +32,48 @@ def _case_names(folder: str) -> list[str]:
 
 CASES = [(folder, name) for folder in FOLDERS for name in _case_names(folder)]
 
+# The fixture README's float tolerance, |a - b| <= ATOL + RTOL |b|: what the verifier enforces on
+# every case, and the bound for the checks below that compare to other stored official tensors.
+ATOL = RTOL = 1e-4
+# The drift check's margin over a case's own recorded spread (cases.json `observed_variation`:
+# the official code rerun with all threads instead of 1, and with sdpa instead of eager). Each
+# of those changes the summation order of a few reductions on the recording machine; another
+# CPU (other SIMD width, other GEMM blocking, other vectorised exp/erf) and our own ops change it
+# in every matmul, norm and attention at once, so allow 32x that spread. The spread is floored
+# at one float32 ulp of the case's largest output, for cases whose recorded spread is 0. On
+# these magnitudes (<= 8.3) the bound stays well under the documented tolerance, so a
+# systematic drift (a wrong epsilon, a stray bf16 cast) still fails.
+SPREAD_MARGIN = 32
+
+
+def _variation(folder: str) -> dict[str, dict]:
+    cases = json.loads((FIXTURES / folder / "reference" / "cases.json").read_text())["cases"]
+    return {case["name"]: case["observed_variation"] for case in cases}
+
+
+def _drift_bound(folder: str, case: str) -> float:
+    spread = _variation(folder)[case]
+    largest = float(spread["max_abs_output_value"])
+    float32_ulp = torch.finfo(torch.float32).eps * 2.0 ** math.floor(math.log2(largest))
+    recorded = max(
+        float(spread["max_abs_diff_threads1_vs_default"]),
+        float(spread["max_abs_diff_eager_vs_sdpa"]),
+    )
+    return SPREAD_MARGIN * max(recorded, float32_ulp)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _pinned_float32_math():
+    """The fixtures are plain float32 CPU runs: one intra-op thread (tests/conftest.py pins it
+    for the session; set again here so this module never depends on that) and full-precision
+    float32 matmuls (a lower setting lets oneDNN use bf16 on CPUs that have it)."""
+    threads, precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
+    torch.set_num_threads(1)
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(precision)
+    torch.set_num_threads(threads)
+
 
 @functools.cache
 def _results(folder: str) -> dict[str, CaseResult]:
@@ -53,8 +96,9 @@ def test_case_matches_official(folder: str, case: str) -> None:
     result = _results(folder)[case]
     assert result.status == "pass", result.message
     assert result.errors, "no output tensor was compared"
-    # Observed spread of the official code itself is <= 1e-5; anything near 1e-4 is a real drift.
-    assert result.max_abs_err < 2e-5
+    # The verifier applied the documented tolerance; this is the tighter drift check.
+    bound = _drift_bound(folder, case)
+    assert result.max_abs_err <= bound, (result.worst, result.max_abs_err, bound)
 
 
 def test_every_case_is_run() -> None:
@@ -83,8 +127,8 @@ def test_flash_window_rule_matches_official_flash_run(folder: str, case: str) ->
     flash = load_acestep_dit(FIXTURES / folder / "checkpoint", "cpu", window_rule="flash")
     velocity = _dit(flash, data)
     reference = data["dbg.velocity_if_sliding_window_w_minus_1"]
-    assert torch.allclose(velocity, reference, atol=1e-4, rtol=1e-4)
-    # ...and the default rule is the other one (the two differ by ~0.4).
+    assert torch.allclose(velocity, reference, atol=ATOL, rtol=RTOL)  # a stored official tensor
+    # ...and the default rule is the other one (the two differ by ~0.4; 0.1 is far above ATOL).
     assert (velocity - data["out.velocity"]).abs().max() > 0.1
 
 
@@ -101,11 +145,12 @@ def test_xl_without_timbre_token_reproduces_the_2b_contrast() -> None:
         with_token, _ = timbre(*args)
         timbre.embed_tokens._forward_hooks.clear()  # back to stock diffusers
         without_token, _ = timbre(*args)
-    assert torch.allclose(with_token, data["out.timbre_embs_unpack"], atol=1e-5)
+    # Stored official tensors from another machine: the documented tolerance, not a tighter one.
+    assert torch.allclose(with_token, data["out.timbre_embs_unpack"], atol=ATOL, rtol=RTOL)
     assert torch.allclose(
-        without_token, data["dbg.contrast_2b_class_timbre_embs_unpack"], atol=1e-5
+        without_token, data["dbg.contrast_2b_class_timbre_embs_unpack"], atol=ATOL, rtol=RTOL
     )
-    assert (without_token - data["out.timbre_embs_unpack"]).abs().max() > 1.0
+    assert (without_token - data["out.timbre_embs_unpack"]).abs().max() > 1.0  # >> ATOL
 
 
 def test_tokenize_returns_int32_indices_and_pooled_mask() -> None:
@@ -115,7 +160,8 @@ def test_tokenize_returns_int32_indices_and_pooled_mask() -> None:
     assert result.indices.dtype == torch.int32
     assert torch.equal(result.indices, data["out.indices"])
     assert torch.equal(result.pooled_mask, data["out.pooled_attention_mask"])
-    # Zero padding instead of silence changes the codes (what the silence padding is for).
+    # Zero padding instead of silence changes the codes (what the silence padding is for): a
+    # changed code moves `quantized` by a whole FSQ step, far above float32 noise (1e-2).
     zeros = torch.zeros_like(models.silence_latent)
     padded = ops.tokenize_latents(models.audio_tokenizer, data["in.latents"], zeros)
     assert (padded.quantized - data["out.quantized"]).abs().max() > 1e-2
@@ -154,8 +200,9 @@ def test_base_sampler_cfg_interval_uses_t_not_one_minus_t() -> None:
     ours = ops.base_generate(
         models, conditions, context, cfg_interval_start=0.5, cfg_interval_end=0.9, **kwargs
     )
-    assert torch.allclose(ours.latents, data["out.target_latents"], atol=1e-4, rtol=1e-4)
-    # diffusers' pipeline rule (1 - t in the interval) guides other steps: a different result.
+    assert torch.allclose(ours.latents, data["out.target_latents"], atol=ATOL, rtol=RTOL)
+    # diffusers' pipeline rule (1 - t in the interval) guides other steps: a different result,
+    # by far more than ATOL.
     mirrored = ops.base_generate(
         models, conditions, context, cfg_interval_start=0.1, cfg_interval_end=0.5, **kwargs
     )
@@ -166,9 +213,9 @@ def test_float_outputs_derived_from_indices_get_the_tolerance_not_exactness():
     from hotstep_ray.models.verify import compare
 
     reference = torch.tensor([0.5, -0.25, 1.0])
-    nudged = reference + torch.tensor([1e-7, 0.0, -1e-7])  # last-bit matmul noise
-    assert compare("out.quantized_from_indices", nudged, reference, 1e-4, 1e-4)[1]
+    nudged = reference + torch.tensor([1e-7, 0.0, -1e-7])  # last-bit matmul noise, << ATOL
+    assert compare("out.quantized_from_indices", nudged, reference, ATOL, RTOL)[1]
     # true indices and masks stay exact
     assert not compare("out.indices", torch.tensor([1, 2, 4]), torch.tensor([1, 2, 3]), 1, 1)[1]
     mask = torch.tensor([1.0, 0.0])
-    assert not compare("out.pooled_attention_mask", mask + 1e-7, mask, 1e-4, 1e-4)[1]
+    assert not compare("out.pooled_attention_mask", mask + 1e-7, mask, ATOL, RTOL)[1]

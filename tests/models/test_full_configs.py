@@ -225,7 +225,9 @@ def test_build_qwen_and_vae_tiny() -> None:
         "decoder_channels": 8,
     }
     vae = fc.build_vae(config, "cpu", torch.float32)
-    # weight = g * v / |v| was recomputed from the random g, v (the loader's refresh step).
+    # weight = g * v / |v| was recomputed from the random g, v (the loader's refresh step). With
+    # g = |v| that is v times a float32 ratio of two norms (1 +- a few eps): far inside the
+    # tolerance, while an unrefreshed weight is off by the weights' own size (~1/sqrt(fan_in)).
     first = vae.decoder.conv1
     assert torch.allclose(first.weight, first.weight_v, atol=1e-5)
     leftovers = [

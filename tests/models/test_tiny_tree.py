@@ -72,6 +72,8 @@ def test_text_encoder_forward(text_parts) -> None:
     assert states.shape == (2, length, 32) and mask.shape == (2, length)
     assert mask[0].all() and mask[1].sum() == len(tokenizer("short").input_ids)
     # Right padding + causal attention: the short prompt's states do not depend on the pads.
+    # Same process, other batch shape: float32 summation order only, a few eps of O(1) states;
+    # the float32 defaults (atol 1e-5, rtol 1.3e-6) leave ample room, a pad leak is O(1).
     alone, _ = T.encode_captions(encoder, tokenizer, ["short"])
     torch.testing.assert_close(states[1, : alone.shape[1]], alone[0])
     lyrics, lyric_mask = T.embed_lyrics(encoder, tokenizer, [lyric])
@@ -164,6 +166,8 @@ def test_lm_without_prefix_sharded_and_with_lm_head(tree: Path, tmp_path: Path) 
     assert lm.lm_head.weight is lm.model.embed_tokens.weight
     loaded = lm.state_dict()
     for name, value in reference.items():
+        # the same correctly rounded float32 -> bf16 cast on both sides: exact in practice; a
+        # missed cast is off by up to 2^-9 relative, far outside the float32 defaults
         torch.testing.assert_close(loaded[name].float(), value.to(torch.bfloat16).float())
     assert loaded["model.embed_tokens.weight"].dtype == torch.bfloat16
 
@@ -178,6 +182,7 @@ def test_text_encoder_accepts_prefixed_keys(tree: Path, tmp_path: Path) -> None:
         {f"model.{k}": v for k, v in tensors.items()}, str(tmp_path / "enc" / "model.safetensors")
     )
     encoder = T.load_text_encoder(tmp_path / "enc", device="cpu")
+    # the stored float32 values, loaded as they are (exact); a key miss leaves a random init
     torch.testing.assert_close(encoder.embed_tokens.weight, tensors["embed_tokens.weight"])
 
 

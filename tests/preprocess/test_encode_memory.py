@@ -132,6 +132,7 @@ def test_outputs_are_identical_with_release_on_and_off(encoder, events, pretend_
             "encoder_hidden_states",
             "audio_codes",
         ):
+            # exact: releasing the cache changes no computation (same process, same kernels)
             assert torch.equal(getattr(a, field), getattr(b, field)), (a.sample_id, field)
         assert (a.s_text, a.s_lyric, a.s_text_genre) == (b.s_text, b.s_lyric, b.s_text_genre)
         assert (a.genre_hidden_states is None) == (b.genre_hidden_states is None)

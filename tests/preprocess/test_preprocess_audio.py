@@ -17,6 +17,11 @@ from hotstep_ray.preprocess.audio_prep import AudioError, prepare_audio
 from hotstep_ray.preprocess.resample import resample, resample_whole_bank
 
 RATE = 48000
+# `resample` (float32) against the whole filter bank in float64, on N(0, 1) input (|x| <= ~4.5):
+# rounding the input and taps to float32 and summing <= ~140 nonzero taps in float32 gives a few
+# 1e-6 at the worst of ~20k outputs, whatever order the GEMM or conv sums in; so 1e-5. A wrong
+# tap, phase or group boundary is off by the signal's own size.
+FLOAT32_VS_FLOAT64 = 1e-5
 
 
 def peak_hz(signal: np.ndarray, rate: int) -> float:
@@ -44,6 +49,8 @@ def test_resample_matches_the_analytic_tone(orig: int, new: int, freq: float) ->
         [torch.sin(2 * math.pi * freq * ref), torch.cos(2 * math.pi * freq * ref)]
     )
     edge = 200  # the filter is one-sided at the ends
+    # The Kaiser (beta 12) sinc's passband ripple and float32 rounding are each ~1e-6 on a unit
+    # tone; 1e-4 is room on that, while a one-sample shift is >= 5e-2 (at 440 Hz and up).
     assert (y[:, edge:-edge].double() - expected[:, edge:-edge]).abs().max() < 1e-4
 
 
@@ -54,6 +61,8 @@ def test_resample_lengths_identity_and_band_limit() -> None:
     # 23 kHz cannot exist at 44.1 kHz: downsampling must remove it, not fold it to 21.1 kHz.
     t = torch.arange(48000, dtype=torch.float64) / 48000
     folded = resample(torch.sin(2 * math.pi * 23000 * t)[None].float(), 48000, 44100)
+    # 23 kHz sits just past the cutoff (0.945 x 22.05 kHz), in the filter's stopband skirt: well
+    # under -60 dB, against 0.7 RMS folded through unfiltered. A filter property, not round-off.
     assert folded[:, 500:-500].pow(2).mean().sqrt() < 1e-3
 
 
@@ -71,7 +80,7 @@ def test_grouped_phases_equal_the_whole_filter_bank(orig: int, new: int, length:
     got = resample(x, orig, new)
     assert want.dtype == torch.float64 and got.dtype == torch.float32
     assert got.shape == want.shape == (2, math.ceil(length * new / orig))
-    assert (got.double() - want).abs().max() < 1e-5
+    assert (got.double() - want).abs().max() < FLOAT32_VS_FLOAT64
 
 
 @pytest.mark.parametrize(
@@ -115,7 +124,7 @@ def test_overlapping_groups_run_the_whole_bank_as_conv1d(
     assert len(calls) == (0 if gemms or up == down else 1)
     calls.clear()
     want = resample_whole_bank(x, orig, RATE)
-    assert (got.double() - want).abs().max() < 1e-5
+    assert (got.double() - want).abs().max() < FLOAT32_VS_FLOAT64
     assert len(calls) == (0 if up == down else 1)  # the reference is the conv1d itself
 
 
@@ -131,7 +140,7 @@ def test_phase_group_count_is_part_of_the_cache_key() -> None:
     want = resample_whole_bank(x.double(), 44100, RATE)
     for count in (1, 4, 8, 16):
         got = resample(x, 44100, RATE, phase_groups=count)
-        assert (got.double() - want).abs().max() < 1e-5
+        assert (got.double() - want).abs().max() < FLOAT32_VS_FLOAT64
     with pytest.raises(ValueError, match="phase_groups must be >= 1"):
         resample(x, 44100, RATE, phase_groups=0)
 
@@ -147,6 +156,8 @@ def test_pitch_and_channels_survive_every_container(tmp_path: Path, suffix: str)
     assert abs(audio.shape[1] - 2 * RATE) < 0.1 * RATE
     if suffix in (".wav", ".flac"):
         assert audio.shape[1] == 2 * RATE
+    # peak_hz resolves ~0.01 Hz on a 2 s tone (~2e-5 relative) and no codec moves pitch; 1e-3
+    # still fails a rate mix-up as small as 44.1 vs 44.144 kHz, an octave (0.5) or a swap (1.5).
     left, right = peak_hz(audio[0], RATE), peak_hz(audio[1], RATE)
     assert left / LEFT_HZ == pytest.approx(1.0, abs=1e-3)  # not an octave down (trap 13)
     assert right / RIGHT_HZ == pytest.approx(1.0, abs=1e-3)  # and not swapped
@@ -158,7 +169,7 @@ def test_mono_8k_is_duplicated_and_upsampled(tmp_path: Path) -> None:
     assert prepared.audio.shape == (2, RATE // 2)
     assert prepared.source_channels == 1 and prepared.source_rate_hz == 8000
     np.testing.assert_array_equal(prepared.audio[0], prepared.audio[1])
-    assert peak_hz(prepared.audio[0], RATE) == pytest.approx(LEFT_HZ, rel=1e-3)
+    assert peak_hz(prepared.audio[0], RATE) == pytest.approx(LEFT_HZ, rel=1e-3)  # as above
 
 
 def test_long_file_is_cut_exactly_at_max_duration(tmp_path: Path) -> None:
@@ -168,15 +179,20 @@ def test_long_file_is_cut_exactly_at_max_duration(tmp_path: Path) -> None:
     whole = prepare_audio(storage, "long.wav", 0.0, "none")  # 0 = never cut
     assert cut.truncated and not whole.truncated
     assert cut.audio.shape == (2, 10 * RATE) and whole.audio.shape == (2, 30 * RATE)
-    assert cut.source_duration_s == pytest.approx(30.0)
-    # The cut is the start of the whole song, filtered with real signal past the cut point.
+    assert cut.source_duration_s == pytest.approx(30.0)  # frames / rate: exact up to rounding
+    # The cut is the start of the whole song, filtered with real signal past the cut point. Same
+    # filter on the same samples in this process, only the length differs: float32 round-off
+    # of a 0.3 tone (~1e-7) at most; a cut filtered against zeros has an edge transient >> 1e-5.
     np.testing.assert_allclose(cut.audio, whole.audio[:, : 10 * RATE], atol=1e-5)
 
 
 def test_peak_normalisation_hits_the_target(tmp_path: Path) -> None:
     write_tone(tmp_path / "quiet.wav", 0.5, 48000)
     prepared = prepare_audio(Storage(tmp_path), "quiet.wav", 240.0, "peak", -3.0)
+    # one float32 gain multiply: a few eps (1.2e-7) relative, so rel 1e-5
     assert np.abs(prepared.audio).max() == pytest.approx(10 ** (-3 / 20), rel=1e-5)
+    # the file's peak is the sampled sine's peak, not exactly 0.3: sampling a 440 Hz sine at
+    # 48 kHz misses its crest by <= 4.1e-4 relative, 16-bit PCM rounds by <= 5e-5: <= 0.004 dB
     assert prepared.gain_db == pytest.approx(-3.0 - 20 * math.log10(0.3), abs=0.01)
 
 

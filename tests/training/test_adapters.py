@@ -21,6 +21,12 @@ SPECS = {
 }
 
 
+# float32 kron_linear (two GEMM stages) against one GEMM over the materialised kron: each path
+# rounds every output by a few ulp of max|out| per stage, whatever the reduction length K (error
+# and max|out| both grow as sqrt(K)); 2e-6 ~ 34 x 2^-24 of max|out|. A formula error is O(1).
+KRON_REL = 2e-6
+
+
 @pytest.fixture(params=sorted(SPECS))
 def spec(request: pytest.FixtureRequest) -> AdapterSpec:
     return SPECS[request.param]
@@ -64,10 +70,10 @@ def test_kron_linear_matches_materialised_kron():
     w2 = torch.randn(7, 6, generator=generator)  # [b, d]
     x = torch.randn(3, 11, 4 * 6, generator=generator)
     reference = F.linear(x, torch.kron(w1, w2) * 0.5)
-    assert _rel(adapters.kron_linear(x, w1, w2, 0.5), reference) <= 1e-6
+    assert _rel(adapters.kron_linear(x, w1, w2, 0.5), reference) <= KRON_REL
     w2_a, w2_b = torch.randn(7, 3, generator=generator), torch.randn(3, 6, generator=generator)
     reference = F.linear(x, torch.kron(w1, w2_a @ w2_b))
-    assert _rel(adapters.kron_linear(x, w1, (w2_a, w2_b)), reference) <= 1e-6
+    assert _rel(adapters.kron_linear(x, w1, (w2_a, w2_b)), reference) <= KRON_REL
 
 
 def test_kron_forward_and_grads_match_peft_materialised_path(make_toy, randomize):
@@ -77,11 +83,13 @@ def test_kron_forward_and_grads_match_peft_materialised_path(make_toy, randomize
         x = torch.randn(2, 3, layer.in_features, requires_grad=True)
         fast = layer._get_delta_activations(adapters.ADAPTER_NAME, x)
         slow = F.linear(x, layer.get_delta_weight(adapters.ADAPTER_NAME))
-        assert _rel(fast, slow) <= 1e-6, path
+        assert _rel(fast, slow) <= KRON_REL, path
         params = [p for p in layer.parameters() if p.requires_grad]
         grads_fast = torch.autograd.grad(fast.square().sum(), params)
         grads_slow = torch.autograd.grad(slow.square().sum(), params)
         for g_fast, g_slow in zip(grads_fast, grads_slow, strict=True):
+            # float32: the factor gradients reduce <= 6 x 128 terms in two orders, a few ulp of
+            # |g| each; rtol 1e-5 ~ 84 x 2^-23, atol for elements whose terms cancel
             assert torch.allclose(g_fast, g_slow, rtol=1e-5, atol=1e-6), path
 
 
@@ -111,6 +119,7 @@ def test_lokr_shapes_and_scale_follow_lycoris(in_f, out_f, rank, alpha, factor, 
     else:
         assert not shape.w2_full
         assert (reference.lokr_w2_a.shape[0], reference.lokr_w2_b.shape[1]) == w2
+    # Python floats on both sides: a few ulp of float64 (approx's default rel 1e-6)
     assert adapters.lokr_alpha(shape, spec) / rank == pytest.approx(reference.scale)
 
 
@@ -130,7 +139,7 @@ def test_zero_scale_and_disabled_adapter_equal_the_base(spec, make_toy, toy_inpu
     model = adapters.inject(make_toy(0), spec)
     randomize(model)
     adapted = model(*toy_inputs)
-    assert not torch.allclose(adapted, base)
+    assert not torch.allclose(adapted, base)  # the ΔW·x term, orders above float32 round-off
     adapters.set_scale(model, 0.0)
     assert torch.equal(model(*toy_inputs), base)
     adapters.set_scale(model, 1.0)
@@ -148,11 +157,14 @@ def test_merge_equals_unmerged_forward(spec, make_toy, toy_inputs, randomize):
     weights = {p: adapters.base_weight(m).clone() for p, m in adapters.tuner_layers(model)}
     unmerged = model(*toy_inputs)
     adapters.merge(model)
+    # float32: W + ΔW rounded once, then one GEMM, against base GEMM + delta path: a few ulp of
+    # |out| (O(1)) per GEMM over K <= 128, two blocks deep: ~1e-6, inside 1e-5 + 1e-5·|out|
     torch.testing.assert_close(model(*toy_inputs), unmerged, rtol=1e-5, atol=1e-5)
     with pytest.raises(InputError, match="merged"):
         adapters.set_scale(model, 0.5)
     adapters.unmerge(model)
     for path, layer in adapters.tuner_layers(model):
+        # (W + ΔW) - ΔW: two roundings of |W| < 1, ~1e-7; float32 defaults (atol 1e-5) ≪ |ΔW|
         torch.testing.assert_close(adapters.base_weight(layer), weights[path])
 
 
@@ -163,7 +175,7 @@ def test_delta_weights_are_scaled_products(make_toy, randomize):
     deltas = adapters.delta_weights(model)
     path = "layers.1.mlp.down_proj"
     expected = state[f"{path}.lora_B.weight"] @ state[f"{path}.lora_A.weight"] * (8 / 4)
-    torch.testing.assert_close(deltas[path], expected)
+    torch.testing.assert_close(deltas[path], expected)  # one rank-4 GEMM: float32 defaults
     assert deltas[path].shape == (64, 128)
 
 
@@ -226,12 +238,14 @@ def test_pointwise_kron_mixes_give_the_gemm_path_values_and_gradients(
         results[mode] = (y.detach(), grads)
     y_gemm, g_gemm = results.pop("gemm")
     reference = F.linear(x.detach(), torch.kron(w1, w2[0] @ w2[1] if factored_w2 else w2) * 0.7)
+    # float64 (2^-52 ~ 2.2e-16): <= 24-term sums of O(1) products are ~1e-15 off, 1e-12 is
+    # ~1000x that; a formula error is O(1)
     torch.testing.assert_close(y_gemm, reference.detach(), rtol=1e-12, atol=1e-12)
     assert set(results) == {"pointwise", "ordered"}
     for y_mode, g_mode in results.values():
-        torch.testing.assert_close(y_mode, y_gemm, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(y_mode, y_gemm, rtol=1e-12, atol=1e-12)  # float64, as above
         for got, want in zip(g_mode, g_gemm, strict=True):
-            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)  # float64, as above
 
 
 def test_factored_lokr_under_autocast_keeps_the_autocast_dtype(
@@ -267,8 +281,11 @@ def test_factored_lokr_under_autocast_keeps_the_autocast_dtype(
         assert all(g.dtype == torch.float32 for g in grads.values())  # the masters' grads
         results[autocast] = (out.detach(), grads)
     (out_f, grads_f), (out_b, grads_b) = results[False], results[True]
-    assert 0 < _rel(out_b, out_f) < 2e-2  # bf16 rounding, and not the float32 run itself
+    # bf16 (2^-8 relative per rounding) through ~10 rounded ops: a few 2^-8 of max|out|, and
+    # not the float32 run itself
+    assert 0 < _rel(out_b, out_f) < 2e-2
     for key, want in grads_f.items():
+        # the factor gradients sum many cancelling bf16-rounded terms: a few % of max|grad|
         assert _rel(grads_b[key], want) < 0.05, key
 
 

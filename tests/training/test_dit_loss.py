@@ -41,10 +41,17 @@ def test_flow_matching_matches_official_forward(case: str, single_thread) -> Non
     out = dit_loss.flow_matching_loss(
         models, batch, ref["out.t"], ref["out.noise"], torch.full((2,), dropped)
     )
+    # The reference was written by upstream's code on another machine: the fixture's documented
+    # float32 tolerance (cases.json meta.recommended_tolerance), far above a 4-layer, 64-wide
+    # float32 forward's round-off (~1e-6 of |pred_v|) and far below a parity bug.
     tol = 1e-4 + 1e-4 * ref["out.pred_v"].abs()
     assert ((out.pred_v - ref["out.pred_v"]).abs() <= tol).all()
+    # noise - x0: one correctly rounded float32 subtraction, the same bits on every IEEE CPU
     assert torch.allclose(out.target_v, ref["out.target_v"])
+    # a mean of squares (~3.6): pred_v off by the documented rerun spread (<= 3e-6) moves it by
+    # at most ~2·3e-6 / rms(pred - target) ~ 3e-6 relative
     assert out.loss.item() == pytest.approx(ref["out.loss"].item(), rel=1e-5)
+    # uniform channel std and no sample weights: the same masked MSE (weights of exactly 1)
     assert out.raw_loss.item() == pytest.approx(out.loss.item(), rel=1e-6)
 
 
@@ -54,9 +61,10 @@ def test_turbo_draws_only_the_eight_shift3_values_uniformly() -> None:
     t = dit_loss.sample_timesteps(40_000, config("turbo"), rng)
     expected = torch.tensor([1.0, 0.9545454545, 0.9, 0.8333333333, 0.75, 0.6428571429, 0.5, 0.3])
     values, counts = torch.unique(t, return_counts=True)
+    # float32 shift formula values <= 1 (ulp 6e-8..1.2e-7, a few roundings) vs 10-digit decimals
     assert torch.allclose(values.sort(descending=True).values, expected, atol=1e-6)
     assert (counts - 5000).abs().max() < 5 * math.sqrt(5000)  # uniform within 5 sigma
-    # t_min/t_max restrict the set; the 0.5-1 window keeps 7 values
+    # t_min/t_max restrict the set; the 0.5-1 window keeps 7 values (0.5 is exact: no tolerance)
     narrow = dit_loss.sample_timesteps(5000, config("turbo", t_min=0.45), rng)
     assert narrow.min() >= 0.5 and torch.unique(narrow).numel() == 7
 
@@ -64,20 +72,23 @@ def test_turbo_draws_only_the_eight_shift3_values_uniformly() -> None:
 @pytest.mark.parametrize("kind", ["base", "sft"])
 def test_base_sft_draw_max_of_two_logit_normals(kind: str) -> None:
     t = dit_loss.sample_timesteps(200_000, config(kind), torch.Generator().manual_seed(1))
-    # Official statistics of upstream's sample_t_r (fixtures cases.json "stats_200k").
+    # Official statistics of upstream's sample_t_r (fixtures cases.json "stats_200k"), from another
+    # sample of 200k: two samples' means differ by sd ~ 0.179·sqrt(2/2e5) = 5.7e-4, their stds
+    # by ~4e-4, the medians (1e5 vs 2e5 draws) by ~9e-4: the bounds are 5-7 sd.
     assert t.mean().item() == pytest.approx(0.5345, abs=3e-3)
     assert t.std().item() == pytest.approx(0.1792, abs=3e-3)
     assert torch.quantile(t[:100_000], 0.5).item() == pytest.approx(0.5357, abs=5e-3)
     bounded = dit_loss.sample_timesteps(
         20_000, config(kind, t_min=0.2, t_max=0.6), torch.Generator()
     )
-    assert bounded.min() >= 0.2 and bounded.max() <= 0.6
+    assert bounded.min() >= 0.2 and bounded.max() <= 0.6  # exact: draws are kept inside
 
 
 def test_cfg_dropout_only_for_base_and_sft() -> None:
     assert config("turbo").cfg_ratio == 0.0
     assert config("base").cfg_ratio == 0.15
     drop = dit_loss.sample_cfg_drop(100_000, 0.15, torch.Generator().manual_seed(2))
+    # Bernoulli(0.15) share of 1e5: sd 1.1e-3, so 5e-3 is ~4.4 sd
     assert drop.float().mean().item() == pytest.approx(0.15, abs=5e-3)
 
 
@@ -88,10 +99,12 @@ def test_flow_snr_weights_are_window_normalised() -> None:
     ts = [torch.tensor([0.05]), torch.tensor([0.3]), torch.tensor([0.6]), torch.tensor([0.95])]
     weights = dit_loss.normalize_window([dit_loss.timestep_weights(t, cfg) for t in ts], cfg)
     flat = torch.cat(weights)
+    # float32: w / mean(w), then a 4-term mean: a few ulp of 1 (1.2e-7 each)
     assert flat.mean().item() == pytest.approx(1.0, abs=1e-6)
-    assert flat.std() > 0.1
+    assert flat.std() > 0.1  # t 0.05..0.95 spread the weights by O(1); the trap makes them all 1
     raw = dit_loss.timestep_weights(torch.tensor([1e-6, 0.5, 1 - 1e-6]), cfg)
-    assert raw.max() <= cfg.snr_gamma  # capped at snr_gamma
+    assert raw.max() <= cfg.snr_gamma  # capped at snr_gamma (a clamp: exact)
+    # float32 pow and two divisions: ~3 roundings (2e-7) of the float64 value; default rel 1e-6
     assert raw[1].item() == pytest.approx(0.5**0.5 / 0.25)
     none = config("base", loss_weighting="none")
     assert dit_loss.normalize_window([dit_loss.timestep_weights(ts[0], none)], none)[0].item() == 1
@@ -100,7 +113,10 @@ def test_flow_snr_weights_are_window_normalised() -> None:
 def test_channel_balance_weights_mean_one_inverse_std() -> None:
     std = torch.linspace(0.5, 2.0, 64)
     weights = dit_loss.channel_balance_weights(std)
+    # float32: two 64-term means (one inside the weights), each ~log2(64) = 6 roundings of half
+    # an ulp (6e-8) deep: < 1e-6
     assert weights.mean().item() == pytest.approx(1.0, abs=1e-6)
+    # the same mean divides both: ~4 roundings of 4 (2e-7 relative); a 1/var weighting gives 16
     assert weights[0] / weights[-1] == pytest.approx(4.0, rel=1e-5)
     assert config("base", channel_balance=False).channel_weights is None
 
@@ -157,6 +173,8 @@ def test_dirty_padding_changes_neither_loss_nor_any_gradient(kind: str, single_t
         grads = {k: p.grad.clone() for k, p in adapters.trainable_parameters(models.transformer)}
         results.append((out.loss.detach(), grads))
     (clean_loss, clean_grads), (dirty_loss, dirty_grads) = results
+    # exact: the same kernels in this process on the same real values; padded positions are
+    # masked out (attention scores, loss terms), which changes no real value's rounding
     assert torch.isfinite(clean_loss) and torch.equal(clean_loss, dirty_loss)
     assert all(g.abs().sum() > 0 for g in clean_grads.values())
     for key, grad in clean_grads.items():

@@ -53,6 +53,7 @@ def test_loss_falls_on_a_memorisable_dataset(storage, tiny_dit_dir, single_threa
     run, result = run_training(storage, tiny_dit_dir, options)
     losses = [epoch["loss"] for epoch in run.state.history]
     assert result.stop_reason == "epochs" and len(losses) == 30
+    # a learning signal, not round-off: float32 reordering moves these means by ~1e-6 relative
     assert sum(losses[-5:]) / 5 < 0.6 * sum(losses[:5]) / 5
     assert result.saved_reason == "best"
 
@@ -76,6 +77,7 @@ def test_resume_from_half_way_equals_uninterrupted(storage, tiny_dit_dir, single
     )
     assert resumed.fit.crop_frames == 48 and resumed.frames == 48
     assert resumed_result.steps == steps
+    # exact: the same kernels in this process, the checkpoint restores every float32 bit
     assert [e["loss"] for e in resumed.state.history] == [e["loss"] for e in full.state.history]
     full_state = adapters.adapter_state_dict(full.transformer)
     for key, value in adapters.adapter_state_dict(resumed.transformer).items():
@@ -95,10 +97,14 @@ def test_folded_micro_batches_train_as_the_accumulated_ones(
     folded, _ = run_training(storage, tiny_dit_dir, options, fold_accum="on")
     assert (plain.fold, folded.fold) == (1, 2)  # the CPU has no memory budget
     losses = [e["loss"] for e in plain.state.history]
+    # float32: the padded batch of 2 runs other GEMM shapes than two batches of 1, so every
+    # reduction rounds differently (a few ulp per layer, 4 layers, 8 steps): ~1e-6 relative
     assert [e["loss"] for e in folded.state.history] == pytest.approx(losses, rel=1e-5)
     assert losses[-1] < losses[0]  # it trained: equal losses are not two idle runs
     trained = adapters.adapter_state_dict(plain.transformer)
     for key, value in adapters.adapter_state_dict(folded.transformer).items():
+        # those ulp differences in the gradients, through 8 AdamW steps (lr 3e-3): rtol 1e-4,
+        # atol for the small LoRA B entries
         assert torch.allclose(value, trained[key], rtol=1e-4, atol=1e-6), key
     assert read_log(storage, folded.run_key)["runtime"]["fold_accum"] == 2
     shapes = []
@@ -165,7 +171,10 @@ def test_export_reload_reproduces_the_trainers_loss(
         fresh.transformer, storage, result.run_key, rename=export.ACESTEP_OFFICIAL_NAMES
     )
     reloaded = _fixed_loss(run, fresh)
+    # the same layers, kernels and BF16 values in this process: equal but for ulp-level slack
     assert reloaded == pytest.approx(rounded, rel=1e-6, abs=1e-7)
+    # BF16 rounding (2^-9 relative) of the adapter moves the loss by ~2^-9 of the adapter's own
+    # effect on it
     assert reloaded == pytest.approx(trained, rel=1e-2)
 
     kind, _tensors, meta = export.read_adapter_file(storage, result.run_key)
@@ -194,6 +203,7 @@ def test_checkpointed_layers_give_the_same_gradients(storage, tiny_dit_dir, sing
         out.loss.backward()
         grads.append({k: p.grad.clone() for k, p in adapters.trainable_parameters(run.transformer)})
     for key, grad in grads[0].items():
+        # the checkpoint recomputes the same forward with the same kernels: equal up to slack
         assert torch.allclose(grad, grads[1][key], rtol=1e-5, atol=1e-7), key
 
 
@@ -223,6 +233,7 @@ def test_base_lokr_muon_run_logs_events_milestones_and_target_stop(
     assert "Muon" in run.optimizer.split_summary() and run.optimizer.muon.ns_precision == "tf32"
     assert result.stop_reason == "target" and result.saved_reason == "target"
     log = read_log(storage, result.run_key)
+    # ma5 <= 3.3 is the stop rule's own condition (exact), not a tolerance
     assert log["target_loss_stop"]["ma5"] <= 3.3 and log["epochs_run"] >= 5
     assert log["config"]["variant"] == "base" and log["runtime"]["backend"] == "cpu"
     assert log["runtime"]["lokr_w1_kernel"] == {}  # CPU float32: the batched GEMM everywhere
@@ -270,7 +281,8 @@ def test_latest_adapter_of_the_artist_warm_starts_the_next_run(
     second = dit.setup(fast_options(init_adapter="latest"), storage, SLUG, settings(tiny_dit_dir))
     assert second.run_key != first.run_key
     for key, value in adapters.adapter_state_dict(second.transformer).items():
-        assert torch.equal(value, trained[key].bfloat16().float()), key  # the BF16 export
+        # the BF16 export: round-to-nearest-even casts, the same bits on every CPU
+        assert torch.equal(value, trained[key].bfloat16().float()), key
 
 
 def test_compile_mode_resolution() -> None:
@@ -325,6 +337,9 @@ def test_graph_mode_accumulates_into_stable_gradient_buffers(
         assert graphs.grad_flats is not flats and graphs.grad_flats.backs()
     want = [dit.optimizer_step(eager, window) for _ in range(3)]
     got = [first, second, third]
+    # One flat norm against torch's norm of per-tensor norms: float32 sums in other orders, a few
+    # ulp apart; those ulp of the clip scale then carry through two AdamW steps into step 3's
+    # parameters (float32 defaults), gradients and norm (rel 1e-5) and loss (rel 1e-6).
     assert [g.loss for g in got] == pytest.approx([w.loss for w in want], rel=1e-6)
     assert [g.grad_norm for g in got] == pytest.approx([w.grad_norm for w in want], rel=1e-5)
     for key, value in adapters.adapter_state_dict(graphs.transformer).items():
@@ -350,6 +365,7 @@ def test_inputs_prepared_during_the_previous_backward_give_the_same_steps(
         dit.optimizer_step(ahead, windows[2]),
     ]
     assert ahead.prepared is None
+    # exact: the same inputs through the same kernels in this process, only assembled earlier
     assert [g.loss for g in got] == [w.loss for w in want]
     assert [g.grad_norm for g in got] == [w.grad_norm for w in want]
     for key, value in adapters.adapter_state_dict(ahead.transformer).items():
@@ -383,6 +399,7 @@ def test_a_graph_fault_in_the_first_steps_falls_back_to_plain_compiled_blocks(
     monkeypatch.setattr(dit, "optimizer_step", faulty)
     got = dit.guarded_step(run, window)
     assert calls == ["reduce-overhead", "default"] and recompiled == ["default"]
+    # the redone step is the eager one (compile_blocks patched away): ulp-level slack only
     assert run.compile == "default" and got.loss == pytest.approx(want.loss, rel=1e-6)
     assert run.grad_flats is None  # the graph step's buffer is not kept alive after the fallback
     logs = [e for e in events if getattr(e, "level", None) == "warn"]
@@ -441,6 +458,8 @@ def test_compiled_blocks_give_the_eager_gradients(storage, tiny_dit_dir, single_
     # each block one graph, through the trainer's own call (a break there split every 2B block
     # into ~7 graphs on the device's torch 2.11: docs/BENCHMARKS.md, tenth device run)
     assert not dynamo.utils.counters["graph_break"], dict(dynamo.utils.counters["graph_break"])
+    # Inductor fuses and reorders float32 ops: a few ulp per op through 4 layers (~1e-6
+    # relative); wrong compiled gradients are O(1) off
     assert losses[1] == pytest.approx(losses[0], rel=1e-5)
     for eager, compiled in zip(*grads, strict=True):
         assert ((compiled - eager).norm() / eager.norm()).item() < 1e-4  # fused fp32 rounding

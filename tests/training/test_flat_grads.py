@@ -31,7 +31,8 @@ def test_autograd_accumulates_into_the_views() -> None:
     _loss(params, 1.0).backward()
     _loss(params, 0.5).backward()  # a second micro-batch adds in place
     for p in params:
-        torch.testing.assert_close(p.grad, 3.0 * p.detach() + 2.0)  # (2 + 1)·p + 1 + 1
+        # (2 + 1)·p + 1 + 1: a few roundings of |3p + 2| < 15 in both, inside float32's defaults
+        torch.testing.assert_close(p.grad, 3.0 * p.detach() + 2.0)
         assert p.grad._base is flats.buffers[0]
     assert flats.backs()
     flats.zero_()
@@ -54,10 +55,13 @@ def test_clip_equals_torchs_clip_grad_norm(max_norm: float) -> None:
         q.grad = grad.clone()
     got = flats.clip_(max_norm)
     want = torch.nn.utils.clip_grad_norm_(theirs, max_norm)
+    # float32 norms of 3,112 squares in two orders (one flat buffer; per tensor, then over the
+    # norms): cascaded sums, a few ulp each; rtol 1e-6 ~ 8 ulp
     torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
     for p, q in zip(mine, theirs, strict=True):
+        # each scaled by max_norm / (norm + 1e-6): those scales are an ulp or two apart
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-7)
-    if max_norm == 1.0:  # it did clip
+    if max_norm == 1.0:  # it did clip: norm·scale = 1 - 1e-6/norm, plus a few ulp
         assert torch.linalg.vector_norm(flats.buffers[0]) == pytest.approx(1.0, rel=1e-5)
 
 
@@ -68,6 +72,7 @@ def test_one_buffer_per_dtype_and_a_norm_over_all() -> None:
     for p in params:
         p.grad.fill_(1.0)
     total = flats.clip_(math.inf)
+    # sums of ones are exact below 2^24, the sqrt correctly rounded: ulp-level (default rel 1e-6)
     assert total.item() == pytest.approx(math.sqrt(sum(p.numel() for p in params)))
 
 
@@ -160,7 +165,9 @@ def test_live_clip_and_zero_fall_back_to_torch_once_a_view_is_gone() -> None:
         p.grad.fill_(2.0)
     assert flat_grads.live(flats) is flats and flat_grads.live(None) is None
     norm = flat_grads.clip_grads(params, 1.0, flat_grads.live(flats))
+    # 48 squares of 2.0 sum exactly; the sqrt is correctly rounded (default rel 1e-6)
     assert norm.item() == pytest.approx(2.0 * math.sqrt(48))
+    # 1 - 1e-6/norm after the clip, plus a few ulp of rounding
     assert torch.linalg.vector_norm(flats.buffers[0]).item() == pytest.approx(1.0, rel=1e-5)
     optimizer = torch.optim.SGD(params, lr=0.1)
     flat_grads.zero_grads(optimizer, flat_grads.live(flats), set_to_none=True)
@@ -168,6 +175,7 @@ def test_live_clip_and_zero_fall_back_to_torch_once_a_view_is_gone() -> None:
     params[1].grad = torch.full((4, 4), 3.0)  # replaced: no longer the buffer's view
     assert flat_grads.live(flats) is None
     norm = flat_grads.clip_grads(params, 1.0, flat_grads.live(flats))
+    # sqrt(16 x 9) = 12 exactly; clipped, 12 / (12 + 1e-6) plus a few ulp stays below 1 + 1e-5
     assert norm.item() == pytest.approx(12.0) and params[1].grad.norm().item() < 1.0 + 1e-5
     flat_grads.zero_grads(optimizer, flat_grads.live(flats), set_to_none=True)
     assert all(p.grad is None for p in params)

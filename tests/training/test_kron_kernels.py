@@ -44,12 +44,16 @@ def test_blocked_algorithm_gives_the_batched_gemm(tokens: int, a: int, c: int, n
     x = torch.randn(tokens, a, n, dtype=torch.float64, generator=g)
     y = torch.randn(tokens, c, n, dtype=torch.float64, generator=g)
     want = torch.einsum("tin,tkn->ik", x, y)
+    # float64 sums of <= 1003 x 1024 unit products (|want| <~ 1e3): ~2^-52·sqrt(terms)·|want| ~
+    # 1e-13 apart in any order; a wrong or dropped term is O(1)
     torch.testing.assert_close(kron_kernels.pair_sums_bmm(x, y), want, rtol=1e-12, atol=1e-9)
     partials = kron_kernels.pair_partials_blocked(x, y)
     assert partials.shape == kron_kernels.partials_shape(x, y)
-    torch.testing.assert_close(partials.sum(0), want, rtol=1e-12, atol=1e-9)
+    torch.testing.assert_close(partials.sum(0), want, rtol=1e-12, atol=1e-9)  # float64, as above
     fallback = kron_kernels.partials_bmm(x, y)  # the op's path where the kernel does not run
     assert fallback.shape == partials.shape and fallback.dtype == torch.float32
+    # float32 against float64: the same sums rounded at 2^-24 per step, ~2^-24·sqrt(terms)·rms
+    # ~ 1e-5 for |want| <~ 1e3, inside 1e-4 + 1e-5·|want|
     torch.testing.assert_close(fallback.sum(0), want.float(), rtol=1e-5, atol=1e-4)
 
 
@@ -178,6 +182,8 @@ def test_the_op_falls_back_where_the_kernel_fails(
     want = kron_kernels.pair_sums_bmm(x, y)  # per-token products rounded to bf16, as the fallback
     key = (x.device, x.dtype, 4, 6)
     kron_kernels._VERDICTS[key] = False  # failed its self-check: the batched GEMM
+    # the same bf16 per-token products, summed in float32 in two orders (per block, then over
+    # blocks): a few 2^-24 of the 40-term sums of |products| <~ 30
     torch.testing.assert_close(kron_kernels.pair_partials(x, y).sum(0), want, rtol=1e-5, atol=1e-4)
     assert fake_kernel == []
     kron_kernels._VERDICTS[key] = True
@@ -186,6 +192,7 @@ def test_the_op_falls_back_where_the_kernel_fails(
         raise RuntimeError("out of resources")
 
     monkeypatch.setattr(kron_kernels, "pair_partials_triton", broken)
+    # float32 sums in two orders, as above
     torch.testing.assert_close(kron_kernels.pair_partials(x, y).sum(0), want, rtol=1e-5, atol=1e-4)
     assert kron_kernels._VERDICTS[key] is False  # not tried again
 
@@ -200,6 +207,8 @@ def test_custom_op_schema_fake_shape_and_compiled_call() -> None:
         backend="aot_eager",
         fullgraph=True,
     )
+    # float32 sums of 12 per-token products in two orders (block partials, then over blocks): a
+    # few ulp of |sum|, inside the float32 defaults (rtol 1.3e-6 ~ 11 ulp)
     torch.testing.assert_close(compiled(x, y), 2 * kron_kernels.pair_sums_bmm(x, y))
     half = kron_kernels.pair_partials(x.to(torch.bfloat16), y.to(torch.bfloat16))
     assert half.dtype == torch.float32 and half.shape == kron_kernels.partials_shape(x, y)
@@ -220,7 +229,7 @@ def test_w1_grad_routes_eligible_operands_to_the_op(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(kron_kernels, "pair_partials", spy)
     routed = adapters.w1_grad(dy, h, 4, 6)
     assert seen == [((10, 4, 8), (10, 6, 8))]
-    torch.testing.assert_close(routed, plain, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(routed, plain, rtol=1e-12, atol=1e-12)  # float64 80-term sums
 
 
 def _triton_on_cuda() -> bool:
@@ -240,6 +249,8 @@ def test_cuda_kernel_partials_equal_the_torch_twin(a: int, c: int) -> None:
         y = torch.randn(tokens, c, n, device="cuda", dtype=torch.bfloat16, generator=g)
         got = kron_kernels.pair_partials_triton(x, y)
         want = kron_kernels.pair_partials_blocked(x.double(), y.double())
+        # bf16 inputs are exact in float64; the kernel's float32 accumulation over a block (<= 64
+        # tokens x 256 columns) is ~2^-24·sqrt(terms)·|term| ~ 1e-5 off: inside 1e-3 + 1e-4·|want|
         torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-3)
         torch.library.opcheck(kron_kernels.pair_partials, (x, y))
 
@@ -252,7 +263,7 @@ def test_mix_reference_mixes_one_sides_rows() -> None:
     source = torch.randn(7, 4, 10, generator=g, dtype=torch.float64)
     m = torch.randn(6, 4, generator=g, dtype=torch.float64)
     want = torch.einsum("or,trn->ton", m, source)
-    torch.testing.assert_close(kron_kernels.mix_reference(source, m), want)
+    torch.testing.assert_close(kron_kernels.mix_reference(source, m), want)  # float64 4-term sums
     half = kron_kernels.mix_reference(source.to(torch.bfloat16), m.to(torch.bfloat16))
     assert half.dtype == torch.bfloat16 and half.shape == (7, 6, 10)
 
@@ -266,6 +277,7 @@ def test_fused_op_falls_back_to_torch_in_the_kernels_shapes(side: int) -> None:
     y = torch.randn(12, 6, 32, generator=g)
     m = torch.randn((6, 4) if side == 1 else (4, 6), generator=g)
     partials, mixed = kron_kernels.pair_partials_mix(x, y, m, side)
+    # off CUDA the op is these very functions (float32, same kernels): float32 defaults are slack
     torch.testing.assert_close(partials, kron_kernels.partials_bmm(x, y))
     torch.testing.assert_close(mixed, kron_kernels.mix_reference(x if side == 1 else y, m))
     torch.library.opcheck(kron_kernels.pair_partials_mix, (x, y, m, side))
@@ -275,6 +287,7 @@ def test_fused_op_falls_back_to_torch_in_the_kernels_shapes(side: int) -> None:
         fullgraph=True,
     )
     got = compiled(x, y, m)
+    # aot_eager: the same kernels; only the final sums may run in another order (float32 defaults)
     torch.testing.assert_close(got[0], partials.sum())
     torch.testing.assert_close(got[1], mixed.sum())
     with pytest.raises(ValueError, match="side"):
@@ -350,6 +363,8 @@ def test_the_triton_kernels_in_the_interpreter_equal_their_torch_twins() -> None
     )
     assert done.returncode == 0, done.stderr[-2000:]
     worst = json.loads(done.stdout.strip().splitlines()[-1])
+    # float32 kernels against float64 twins: accumulation over a block (<= 64 tokens x 256
+    # columns) is ~2^-24·sqrt(terms)·|term| ~ 1e-5 off; a misplaced partial or mix is O(1)
     assert len(worst) == 6 and max(worst.values()) < 1e-3, worst
 
 
@@ -366,7 +381,9 @@ def test_cuda_fused_mix_equals_the_torch_twins(a: int, c: int, side: int) -> Non
     m = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g)
     partials, mixed = kron_kernels.pair_partials_mix_triton(x, y, m, side)
     want = kron_kernels.pair_partials_blocked(x.double(), y.double())
+    # float32 accumulation of exact bf16 products, as in the partials-only test
     torch.testing.assert_close(partials.double(), want, rtol=1e-4, atol=1e-3)
     ref = kron_kernels.mix_reference((x if side == 1 else y).double(), m.double())
+    # the mix comes out in bf16: rounded by 2^-9·|mixed|, within 1e-2 + 1e-2·|mixed|
     torch.testing.assert_close(mixed.double(), ref, rtol=1e-2, atol=1e-2)
     torch.library.opcheck(kron_kernels.pair_partials_mix, (x, y, m, side))

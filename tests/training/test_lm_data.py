@@ -81,6 +81,8 @@ def test_packed_batch_targets_cover_each_completion_and_nothing_else(tokenizer):
     assert torch.equal(flat[batch.pred_index + 1], batch.target_ids)
     # per-song weights: each song's targets sum to 1, so Σ w·CE = Σ per-song mean CE
     sums = [float(batch.target_weight[s : s + e.n_targets].sum()) for s, e in _spans(examples)]
+    # float32: n copies of fl(1/n), summed: half an ulp each way plus a few tree-sum roundings
+    # of 1 (<~ 4e-7), inside approx's default rel 1e-6
     assert sums == pytest.approx([1.0, 1.0, 1.0])
     assert batch.cu_seqlens.tolist()[:-1] == [s for s, _ in _offsets(examples)]
     assert batch.cu_seqlens.tolist()[-1] == batch.input_ids.numel()

@@ -84,7 +84,7 @@ def test_loss_falls_on_a_memorisable_set(trained, tiny):
     _, storage = tiny
     losses = [row["loss"] for row in trained.log["epochs"]]
     assert len(losses) == 30 and trained.finished
-    assert min(losses[-5:]) < 0.5 * losses[0]
+    assert min(losses[-5:]) < 0.5 * losses[0]  # a learning signal; round-off moves it ~1e-6
     assert trained.log["saved_reason"] == "best" and trained.log["saved_loss"] == min(losses)
     assert trained.run_key.startswith("adapters/lm-06b/band/")
     names = {key.rsplit("/", 1)[1] for key in trained.files}
@@ -111,6 +111,7 @@ def test_resume_equals_uninterrupted(tiny):
     first = lm.run_lm_training(part, storage, stop_after_epoch=2)
     assert not first.finished and storage.exists(lm.checkpoint_key(part.run_key))
     resumed = lm.run_lm_training(part, storage, resume=True)
+    # exact: the same kernels in this process, the checkpoint restores every float32 bit
     assert [r["loss"] for r in resumed.log["epochs"]] == [r["loss"] for r in straight.log["epochs"]]
     assert resumed.log["milestones"] == [
         {**m, "path": m["path"].replace("whole", "part")} for m in straight.log["milestones"]
@@ -145,10 +146,10 @@ def test_exported_adapter_loads_in_peft_and_changes_the_logits(trained, tiny):
     )
     with torch.no_grad():
         tuned_logits = tuned(input_ids=ids).logits
-    assert (tuned_logits - base_logits).abs().max() > 1.0
+    assert (tuned_logits - base_logits).abs().max() > 1.0  # the adapter's effect, not round-off
     # the PEFT-loaded adapter is the trained one: it predicts the song's codes as training saw
     tuned_loss = _song_loss(tuned, tokenizer, song)
-    assert tuned_loss < 0.5 * base_loss
+    assert tuned_loss < 0.5 * base_loss  # a learning signal, as above
 
 
 def test_generation_with_the_adapter_emits_only_code_tokens_after_think(trained, tiny):
@@ -280,6 +281,8 @@ def test_a_ray_job_continues_an_interrupted_run(ray_session, tiny):
     asked = part.model_copy(update={"options": part.options.model_copy(update={"epochs": 9})})
     resumed = run_lm_on_ray(asked, storage, use_gpu=False, max_failures=0, resume=True)
     assert resumed.finished and [r["epoch"] for r in resumed.log["epochs"]] == [1, 2, 3]
+    # the same computation on this host (Ray's CPU worker: one thread, the same kernels); the
+    # slack covers a worker whose allocations align differently (MKL may then round otherwise)
     assert [r["loss"] for r in resumed.log["epochs"]] == pytest.approx(
         [r["loss"] for r in straight.log["epochs"]], rel=1e-5
     )

@@ -23,14 +23,16 @@ def test_lr_schedule_values_at_known_steps():
     assert schedule.factor(0) == 0.0
     assert schedule.factor(25) == 0.5
     assert schedule.factor(50) == 1.0  # end of warmup: peak
-    assert schedule.factor(999) == pytest.approx(0.1, abs=1e-15)  # last step: the 10% floor
+    # last step: the 10% floor. Python float64 cosine (libm, ~1 ulp): 1e-15 is a few ulp of 0.1
+    assert schedule.factor(999) == pytest.approx(0.1, abs=1e-15)
     odd = LrSchedule(total_steps=1001, warmup_steps=50)  # cosine span 950, midpoint at 525
+    # float64 cosines (cos(pi/2) ~ 6e-17, not 0): ulp-level, inside 1e-12 and the default 1e-6
     assert odd.factor(525) == pytest.approx(0.55, abs=1e-12)
     assert odd.factor(525 - 95) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(0.4 * math.pi)))
     values = [schedule.factor(s) for s in range(1000)]
     assert all(a <= b for a, b in zip(values[:50], values[1:51], strict=True))
     assert all(a >= b for a, b in zip(values[50:-1], values[51:], strict=True))
-    assert lr_factor(5000, 1000, 50) == pytest.approx(0.1)  # past the end stays at the floor
+    assert lr_factor(5000, 1000, 50) == pytest.approx(0.1)  # past the end: the floor (float64)
 
 
 def test_warmup_is_five_percent_with_a_50_step_floor_and_a_half_run_cap():
@@ -79,6 +81,7 @@ def test_stop_rule_target_on_full_window_epochs_and_non_finite():
     assert bad.stop and bad.reason == "non_finite" and bad.last_good_epoch == 2
     resumed = StopRule(max_epochs=100, target_loss=0.5)
     resumed.load_state_dict(nan.state_dict())
+    # the mean of 1.0 and 0.9 in float64: an ulp or so (approx's default rel 1e-6)
     assert resumed.last_good_epoch == 2 and resumed.average.value == pytest.approx(0.95)
 
 
@@ -86,7 +89,7 @@ def test_stop_rule_target_is_ma5_not_raw_loss():
     rule = StopRule(max_epochs=100, target_loss=0.6)
     for epoch, loss in enumerate([1.0, 1.0, 1.0, 1.0, 0.5], 1):
         decision = rule.end_epoch(epoch, loss)
-    assert not decision.stop and decision.moving_average == pytest.approx(0.9)
+    assert not decision.stop and decision.moving_average == pytest.approx(0.9)  # float64 mean
 
 
 def test_milestone_ladder_keeps_the_lowest():
