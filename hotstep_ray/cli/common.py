@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from difflib import get_close_matches
 from typing import Any, TypeVar
 
@@ -57,6 +59,20 @@ def handle_errors(func: F) -> F:
             raise fail(str(exc)) from exc
 
     return wrapper  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def json_on_stdout(as_json: bool) -> Iterator[None]:
+    """With --json, stdout carries only the JSON (a script pipes it to `jq`): the progress and
+    log lines printed meanwhile go to stderr."""
+    if not as_json:
+        yield
+        return
+    console.file = sys.stderr
+    try:
+        yield
+    finally:
+        console.file = None  # type: ignore[assignment]  # back to whatever sys.stdout is then
 
 
 def print_json(value: Any) -> None:

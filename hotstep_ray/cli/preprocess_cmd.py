@@ -16,7 +16,13 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from hotstep_ray.cli.common import RunByDefault, console, handle_errors, print_json
+from hotstep_ray.cli.common import (
+    RunByDefault,
+    console,
+    handle_errors,
+    json_on_stdout,
+    print_json,
+)
 from hotstep_ray.core import layout
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import LogEvent, ProgressEvent
@@ -124,7 +130,10 @@ def run(
         num_gpus_per_actor=None if gpus_per_actor < 0 else gpus_per_actor,
         batch_size=batch_size,
     )
-    with Job(storage, "preprocess", dataset_id=summary.id, sinks=(_console_sink,)) as job:
+    with (
+        json_on_stdout(as_json),
+        Job(storage, "preprocess", dataset_id=summary.id, sinks=(_console_sink,)) as job,
+    ):
         result = preprocess_dataset(
             storage,
             slug,

@@ -235,7 +235,8 @@ def test_cli_run_records_a_job_and_finds_everything_cached(plain_run) -> None:
     args = ["run", plain_run.slug, "--data", root, "--checkpoints", str(plain_run.ckpt)]
     result = CliRunner().invoke(app, [*args, "--variant", "turbo", "--sidestep-pt", "--json"])
     assert result.exit_code == 0, result.output
-    report = json.loads(result.output[result.output.index("{") :])
+    report = json.loads(result.stdout)  # stdout is the JSON alone; the progress went to stderr
+    assert "0 written, 3 cached" in result.stderr
     assert (report["processed"], report["cached"], report["failed"]) == (0, 3, 0)
     jobs = [p for p in (plain_run.storage.local_path("jobs")).iterdir()]
     record = json.loads((jobs[-1] / "job.json").read_text())
