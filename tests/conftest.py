@@ -40,7 +40,10 @@ def _work_unit(nodeid: str) -> str:
 
 def pytest_xdist_make_scheduler(config, log):
     """Whole files (or SHARED_WORKER sets) go to one worker, in collection order: xdist's
-    `loadfile`, less its reordering by test count and with the shared sets."""
+    `loadfile`, less its reordering by test count and with the shared sets. Only in place of
+    the default `--dist load`; another `--dist` given on the command line keeps xdist's own."""
+    if config.getoption("dist") != "load":
+        return None
     from xdist.scheduler import LoadScopeScheduling
 
     class FileScheduling(LoadScopeScheduling):
@@ -57,8 +60,10 @@ def pytest_collection_modifyitems(config, items) -> None:
     other cores sit idle."""
     ranks: dict[str, int] = {}
     for item in items:
-        slow = item.get_closest_marker("slow") is not None
-        rank = 2 - slow - (slow and item.get_closest_marker("ray") is not None)
+        if item.get_closest_marker("slow") is None:
+            rank = 2
+        else:
+            rank = 0 if item.get_closest_marker("ray") is not None else 1
         unit = _work_unit(item.nodeid)
         ranks[unit] = min(ranks.get(unit, 2), rank)
     order = {unit: (rank, index) for index, (unit, rank) in enumerate(ranks.items())}
@@ -80,7 +85,7 @@ def _one_torch_thread():
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """A local 2-CPU Ray instance shared by every test that asks for it."""
+    """A local 2-CPU Ray instance shared by every test of this worker that asks for it."""
     from hotstep_ray.distributed.runtime import ensure_ray, shutdown_ray
 
     ray = ensure_ray(num_cpus=2)
