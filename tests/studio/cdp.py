@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import base64
 import json
+import queue
 import re
 import shutil
 import subprocess
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -28,35 +30,21 @@ def find_chromium() -> str | None:
 
 
 class Chromium:
-    def __init__(self, binary: str, profile: Path, start_timeout_s: float = 30.0) -> None:
+    # Seconds for Chromium to print its DevTools line. On a 2-core box where the other worker is
+    # busy with a Ray job, a cold start has taken over 30 s; one retry covers a start that hung.
+    START_TIMEOUT_S = 90.0
+    START_ATTEMPTS = 2
+
+    def __init__(
+        self, binary: str, profile: Path, start_timeout_s: float = START_TIMEOUT_S
+    ) -> None:
         self.binary, self.profile, self.timeout_s = binary, profile, start_timeout_s
         self.process: subprocess.Popen[str] | None = None
         self.socket: Any = None
         self._next_id = 0
 
     def __enter__(self) -> Chromium:
-        self.process = subprocess.Popen(
-            [
-                self.binary,
-                "--headless",
-                "--no-sandbox",  # CI runs as root, where the sandbox cannot start
-                "--disable-gpu",
-                "--no-first-run",
-                "--disable-extensions",
-                "--disable-background-networking",
-                "--hide-scrollbars",
-                "--mute-audio",
-                f"--window-size={WINDOW[0]},{WINDOW[1]}",
-                "--remote-debugging-address=127.0.0.1",
-                "--remote-debugging-port=0",
-                f"--user-data-dir={self.profile}",
-                "about:blank",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        port = self._devtools_port()
+        port = self._start()
         deadline = time.monotonic() + self.timeout_s
         while True:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as reply:
@@ -70,24 +58,74 @@ class Chromium:
         self.send("Runtime.enable")
         return self
 
+    def _start(self) -> int:
+        """Launch Chromium and return its DevTools port, trying again once if a start hangs."""
+        for attempt in range(1, self.START_ATTEMPTS + 1):
+            self._launch(self.profile / f"attempt-{attempt}")
+            try:
+                return self._devtools_port()
+            except RuntimeError:
+                self._stop()
+                if attempt == self.START_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _launch(self, profile: Path) -> None:
+        self.process = subprocess.Popen(
+            [
+                self.binary,
+                "--headless",
+                "--no-sandbox",  # CI runs as root, where the sandbox cannot start
+                "--disable-gpu",
+                "--disable-dev-shm-usage",  # containers often give /dev/shm only 64 MB
+                "--no-first-run",
+                "--disable-extensions",
+                "--disable-background-networking",
+                "--hide-scrollbars",
+                "--mute-audio",
+                f"--window-size={WINDOW[0]},{WINDOW[1]}",
+                "--remote-debugging-address=127.0.0.1",
+                "--remote-debugging-port=0",
+                f"--user-data-dir={profile}",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
     def _devtools_port(self) -> int:
-        """Chromium prints `DevTools listening on ws://127.0.0.1:<port>/...` once it is up."""
+        """Chromium prints `DevTools listening on ws://127.0.0.1:<port>/...` once it is up.
+
+        stderr is read on a thread so the deadline holds even when Chromium goes quiet."""
         assert self.process is not None and self.process.stderr is not None
+        lines: queue.Queue[str] = queue.Queue()
+        stream = self.process.stderr
+        threading.Thread(target=lambda: [lines.put(line) for line in stream], daemon=True).start()
         deadline = time.monotonic() + self.timeout_s
-        seen = []
-        while time.monotonic() < deadline:
-            line = self.process.stderr.readline()
-            if not line and self.process.poll() is not None:
-                break
+        seen: list[str] = []
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = lines.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                if self.process.poll() is not None:
+                    break
+                continue
             seen.append(line)
             found = re.search(r"DevTools listening on ws://[^:]+:(\d+)/", line)
             if found:
                 return int(found.group(1))
-        raise RuntimeError("chromium did not start its DevTools endpoint:\n" + "".join(seen[-20:]))
+        raise RuntimeError(
+            f"chromium did not start its DevTools endpoint in {self.timeout_s:.0f} s:\n"
+            + "".join(seen[-20:])
+        )
 
     def __exit__(self, *exc: object) -> None:
         if self.socket is not None:
             self.socket.close()
+        self._stop()
+
+    def _stop(self) -> None:
         if self.process is not None:
             self.process.terminate()
             try:
