@@ -81,6 +81,8 @@ class Chromium:
                 "--no-first-run",
                 "--disable-extensions",
                 "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
                 "--hide-scrollbars",
                 "--mute-audio",
                 f"--window-size={WINDOW[0]},{WINDOW[1]}",
