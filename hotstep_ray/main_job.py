@@ -1,14 +1,18 @@
-"""The main job (`make demo`): songs → labeled dataset → tensor cache → DiT and LM adapters → an A/B
-over HTTP, on one Ray. `run_main_job` is the recipe; each stage below is one function.
+"""The main job (`hotstep-ray make SONGS_DIR`; `make demo` runs it on the bundled songs): songs →
+labeled dataset → tensor cache → DiT and LM adapters → an A/B over HTTP, on one Ray.
+`run_main_job` is the recipe; each stage below is one function.
 
-  dataset      render the bundled songs (once) and create the dataset (once; reruns reuse it)
+  dataset      the user's folder (or the bundled songs, rendered once) as a dataset (created
+               once; reruns reuse it)
   label        Essentia BPM/key + the offline captioner on Ray actor pools; fills only what is
                missing, so a user's own caption or BPM is never replaced
   build        the Side-Step `dataset.json`
   checkpoints  `--checkpoints DIR`, or the tiny tree written once under <data>/checkpoints/tiny
   preprocess   the safetensors tensor cache on Ray Data (cached samples are skipped)
-  train-dit    a new timestamped DiT adapter run (Ray Train, one worker; or in this process)
-  train-lm     a new timestamped LM adapter run (same)
+  train-dit    a DiT adapter run (Ray Train, one worker; or in this process); the recorded run
+               is reused when nothing it depends on changed, an interrupted one continued
+               (`RunRecord`)
+  train-lm     an LM adapter run (same)
   audition     the audition Serve app on 127.0.0.1, one A/B over HTTP, Serve stopped again
   report       a PNG of both runs' loss per step
 
@@ -25,6 +29,7 @@ the contract default (`real_recipe`), except `--epochs`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -45,6 +50,7 @@ from typing import Any
 from hotstep_ray.audio.example_songs import write_example_songs
 from hotstep_ray.core import layout
 from hotstep_ray.core.contracts import (
+    AUDIO_EXTENSIONS,
     BuildOptions,
     CaptionProviderChoice,
     CreateDatasetInput,
@@ -76,8 +82,10 @@ from hotstep_ray.distributed.runtime import ensure_ray
 from hotstep_ray.labeling.job import LabelReport
 from hotstep_ray.labeling.ray_pool import label_dataset_on_ray
 from hotstep_ray.preprocess.finalize import PreprocessResult
+from hotstep_ray.preprocess.plan import META_FILE
 from hotstep_ray.preprocess.ray_pipeline import RayPipelineConfig
 from hotstep_ray.report_plot import Series, loss_plot
+from hotstep_ray.training.checkpoint import MANIFEST
 from hotstep_ray.training.lm import LmEngine
 
 EXAMPLE_SONGS_KEY = "examples/songs"
@@ -117,6 +125,9 @@ OFFLINE_LABELS = LabelOptions(
 
 @dataclass(frozen=True)
 class MainJobConfig:
+    songs: str = ""  # the user's folder of songs (local or s3://); "" = the bundled examples
+    name: str = ""  # dataset and adapter name; "" = the songs folder's name
+    tag: str = ""  # trigger word put in every song's caption; "" = none (examples: hsdemo)
     data: str = "./data"  # storage root: a folder or s3://bucket/prefix
     ray_address: str | None = None  # None: $RAY_ADDRESS or a new local Ray
     checkpoints: str | None = None  # real ACE-Step 1.5 weights; None: the tiny tree
@@ -124,6 +135,7 @@ class MainJobConfig:
     ray_train: bool = True  # train on Ray Train (one worker each); False: in this process
     train: bool = True  # False: stop after preprocessing
     audition: bool = True  # False: no Serve app, no A/B
+    retrain: bool = False  # train new adapter runs even when nothing they depend on changed
 
 
 @dataclass(frozen=True)
@@ -135,6 +147,8 @@ class Recipe:
     encoder_tasks_in_flight: int | None  # Ray Data batches queued per encoder actor; None: Ray's
     dit: TrainDitOptions  # variant_key and adapter_name are filled in per run
     dit_step_event_s: float  # min seconds between per-step metric events (the plot's points)
+    # min seconds between the DiT's resumable epoch-end checkpoints: what a crash can lose
+    checkpoint_interval_s: float
     lm: TrainLmOptions
     lm_engine: LmEngine
     use_gpu: bool | None  # Ray Train workers; None: when the cluster has GPUs
@@ -180,6 +194,7 @@ def tiny_recipe(epochs: int | None = None) -> Recipe:
             init_adapter="",
         ),
         dit_step_event_s=0.0,  # an event per step: the plot's points
+        checkpoint_interval_s=0.0,  # every epoch: tiny adapters, a few KiB each
         lm=TrainLmOptions(
             lm_size="0.6B",
             adapter_type="lora",
@@ -213,6 +228,8 @@ def real_recipe(lm_size: str, epochs: int | None = None) -> Recipe:
         encoder_tasks_in_flight=None,
         dit=TrainDitOptions(**given),
         dit_step_event_s=1.0,
+        # An adapter and its optimizer moments are a few hundred MB at most, written in seconds.
+        checkpoint_interval_s=60.0,
         lm=TrainLmOptions(lm_size=lm_size, **given),  # type: ignore[arg-type]
         lm_engine=LmEngine(),
         use_gpu=None,
@@ -336,7 +353,7 @@ def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> Ma
     plot_url = ""
     with Job(storage, "build", sinks=sinks) as job:
         with _stage(job, reports, "dataset") as row:
-            songs, detail = dataset_stage(job, storage, config.ray_address)
+            songs, detail = dataset_stage(job, storage, config)
             row.note(f"{len(detail.samples)} songs, dataset {detail.slug!r}", songs.url)
         job.summary.dataset_id = detail.id
         with _stage(job, reports, "label") as row:
@@ -354,12 +371,17 @@ def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> Ma
             row.note(counts, pre.tensor_dir)
         if config.train:
             where = "Ray Train" if config.ray_train else "in process"
+            runs = RunRecord(storage, detail.slug)
             with _stage(job, reports, "train-dit") as row:
-                dit_run = train_dit_stage(job, storage, detail, pre, checkpoints, recipe, config)
-                row.note(_train_summary(dit_run, where), dit_run.url, _loss_change(dit_run))
+                dit_run, how = train_dit_stage(
+                    job, storage, detail, pre, checkpoints, recipe, config, runs
+                )
+                row.note(_train_summary(dit_run, how or where), dit_run.url, _loss_change(dit_run))
             with _stage(job, reports, "train-lm") as row:
-                lm_run = train_lm_stage(job, storage, detail, pre, checkpoints, recipe, config)
-                row.note(_train_summary(lm_run, where), lm_run.url, _loss_change(lm_run))
+                lm_run, how = train_lm_stage(
+                    job, storage, detail, pre, checkpoints, recipe, config, runs
+                )
+                row.note(_train_summary(lm_run, how or where), lm_run.url, _loss_change(lm_run))
             if config.audition:
                 with _stage(job, reports, "audition") as row:
                     ab = audition_stage(job, storage, detail, checkpoints, lm_run, recipe)
@@ -398,14 +420,74 @@ def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> Ma
 # =============================================================================== stages
 
 
+class RunRecord:
+    """`datasets/<slug>/make_runs.json`: which adapter run the main job last trained per trainer,
+    with the fingerprint of everything that run depends on (its options, the tensor cache's
+    `preprocess_meta.json` minus its time stamps, the checkpoints folder). A rerun whose
+    fingerprint matches reuses a finished run and continues an unfinished one; anything changed
+    starts a new run."""
+
+    FILE = "make_runs.json"
+
+    def __init__(self, storage: Storage, slug: str) -> None:
+        self.storage, self.key = storage, f"{layout.dataset_dir(slug)}/{self.FILE}"
+        self.entries: dict[str, Any] = (
+            storage.read_json(self.key) if storage.exists(self.key) else {}
+        )
+
+    def fingerprint(self, kind: str, options: Any, pre: PreprocessResult, checkpoints: Path) -> str:
+        meta = self.storage.read_json(f"{self.storage.key_of(pre.tensor_dir)}/{META_FILE}")
+        stamps = ("created_at", "updated_at")
+        what = {
+            "kind": kind,
+            "options": options.model_dump(mode="json"),
+            "cache": {k: v for k, v in meta.items() if k not in stamps},
+            "checkpoints": str(checkpoints),
+        }
+        return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+    def plan(self, kind: str, fingerprint: str, *, retrain: bool) -> _RunPlan:
+        entry = self.entries.get(kind) or {}
+        if retrain or entry.get("fingerprint") != fingerprint:
+            return _RunPlan()
+        done = entry.get("adapter")
+        if done and self.storage.exists(done["run_key"]):
+            points = [(int(step), float(loss)) for step, loss in done["step_losses"]]
+            return _RunPlan(reuse=TrainedAdapter(**{**done, "step_losses": points}))
+        return _RunPlan(run_key=str(entry.get("run_key") or ""))
+
+    def start(self, kind: str, fingerprint: str, run_key: str) -> None:
+        self._write(kind, {"fingerprint": fingerprint, "run_key": run_key, "adapter": None})
+
+    def finish(self, kind: str, trained: TrainedAdapter) -> None:
+        entry = self.entries.get(kind) or {}
+        self._write(kind, {**entry, "run_key": trained.run_key, "adapter": asdict(trained)})
+
+    def _write(self, kind: str, entry: dict[str, Any]) -> None:
+        self.entries[kind] = entry
+        self.storage.write_json(self.key, self.entries)
+
+
+@dataclass(frozen=True)
+class _RunPlan:
+    reuse: TrainedAdapter | None = None  # a finished run nothing has changed for
+    run_key: str = ""  # an unfinished run to continue (when it left a checkpoint)
+
+
 def dataset_stage(
-    job: Job, storage: Storage, ray_address: str | None
+    job: Job, storage: Storage, config: MainJobConfig
 ) -> tuple[Storage, DatasetDetail]:
-    """Render the example songs (kept when present) and create their dataset, or load it."""
-    songs = storage.child(EXAMPLE_SONGS_KEY)
-    written = write_example_songs(songs)
-    job.events.log(f"{len(written)} example songs in {songs.url}")
-    ray = ensure_ray(ray_address)
+    """The dataset of the user's folder (or of the bundled songs, rendered once): created on the
+    first run, loaded on later ones (one dataset per folder)."""
+    if config.songs:
+        songs = check_songs_folder(config.songs, storage)
+        name, tag = config.name, config.tag
+    else:
+        songs = storage.child(EXAMPLE_SONGS_KEY)
+        written = write_example_songs(songs)
+        job.events.log(f"{len(written)} example songs in {songs.url}")
+        name, tag = config.name or EXAMPLE_DATASET_NAME, config.tag or EXAMPLE_TRIGGER
+    ray = ensure_ray(config.ray_address)
     job.events.log(f"Ray: {int(ray.cluster_resources().get('CPU', 0))} CPUs")
 
     def progress(done: int, total: int) -> None:
@@ -415,9 +497,7 @@ def dataset_stage(
     # One scan per run: the detail from create/load feeds the label step directly.
     slug = find_dataset_by_source(storage, songs.url)
     if slug is None:
-        inp = CreateDatasetInput(
-            name=EXAMPLE_DATASET_NAME, source_dir=songs.url, custom_tag=EXAMPLE_TRIGGER
-        )
+        inp = CreateDatasetInput(name=name, source_dir=songs.url, custom_tag=tag)
         detail = create_dataset(storage, inp, map_fn=ray_map)
         job.events.log(f"created dataset {detail.slug!r}")
     else:
@@ -425,7 +505,47 @@ def dataset_stage(
         job.events.log(f"reusing dataset {slug!r}")
     for warning in detail.warnings:
         job.events.log(warning, level="warn")
+    _check_readable(detail, songs.url)
     return songs, detail
+
+
+def check_songs_folder(songs: str, storage: Storage) -> Storage:
+    """The user's songs folder, or an `InputError` saying what to do: it must exist, hold audio,
+    and not contain the storage root (whose previews and renders the scan would take as songs)."""
+    from hotstep_ray.dataset.scan import ensure_folder, list_audio_keys
+
+    source = Storage(songs)
+    if source.is_local and source.local_path("").is_file():
+        raise InputError(f"{source.url} is a file; give the folder that holds the songs")
+    try:
+        ensure_folder(source)
+    except InputError:
+        raise InputError(f"songs folder not found: {source.url}") from None
+    inside = storage.fs is source.fs and (
+        storage.root_path == source.root_path
+        or storage.root_path.startswith(source.root_path.rstrip("/") + "/")
+    )
+    if inside:
+        raise InputError(
+            f"the storage root {storage.url} is inside the songs folder {source.url}; "
+            "pass --data somewhere outside it"
+        )
+    if not list_audio_keys(source):
+        kinds = " ".join(AUDIO_EXTENSIONS)
+        raise InputError(f"no audio files ({kinds}) in {source.url}; give a folder of songs")
+    return source
+
+
+def _check_readable(detail: DatasetDetail, where: str) -> None:
+    """At least one song must be decodable, or nothing downstream has work to do."""
+    present = [s for s in detail.samples if not s.file_missing]
+    if present and all(s.error or not s.duration for s in present):
+        first = next((s for s in present if s.error), present[0])
+        raise InputError(
+            f"none of the {len(present)} audio files in {where} could be read "
+            f"(e.g. {first.rel_path}: {first.error or 'no duration'}); "
+            "convert them to .wav or .flac and run again"
+        )
 
 
 def label_stage(
@@ -554,16 +674,37 @@ def train_dit_stage(
     checkpoints: Path,
     recipe: Recipe,
     config: MainJobConfig,
-) -> TrainedAdapter:
-    """A new DiT adapter run on the tensor cache, as its own `train-dit` job."""
+    runs: RunRecord,
+) -> tuple[TrainedAdapter, str]:
+    """The DiT adapter run on the tensor cache, as its own `train-dit` job: the recorded run when
+    nothing it depends on changed, the interrupted one continued from its checkpoint, or a new
+    one. Returns the run and how it was come by ("" = trained here)."""
     from hotstep_ray.training import dit
 
     options = _with(recipe.dit, variant_key=pre.variant_key, adapter_name=detail.slug)
+    fingerprint = runs.fingerprint("dit", options, pre, checkpoints)
+    plan = runs.plan("dit", fingerprint, retrain=config.retrain)
+    if plan.reuse is not None:
+        job.events.log(f"DiT adapter unchanged: reusing {plan.reuse.url}")
+        return plan.reuse, "unchanged, reused"
+    meta = storage.read_json(f"{storage.key_of(pre.tensor_dir)}/{META_FILE}")
+    folder = dit.resolve_dit_folder(meta, pre.variant_key, None, str(checkpoints))
+    base = layout.dit_adapter_base(folder.name)
+    # An interrupted run continues from its newest checkpoint; one that left none starts over in a
+    # new folder (the old one may hold a best-so-far export that would refuse a fresh run).
+    resume = _dit_checkpoint(storage, plan.run_key) if plan.run_key else None
+    run_key = plan.run_key if resume else layout.new_run_dir(storage, base, detail.slug)
+    if resume:
+        job.events.log(f"continuing the interrupted DiT run {storage.url_of(run_key)}")
+    runs.start("dit", fingerprint, run_key)
     settings = dit.DitSettings(
         checkpoints_dir=str(checkpoints),
         artist=detail.slug,
         step_event_interval_s=recipe.dit_step_event_s,
         device=recipe.device,
+        checkpoint_interval_s=recipe.checkpoint_interval_s,
+        run_key=run_key,
+        resume=resume,
     )
     with _sub_job(job, "train-dit", follow=config.ray_train) as sub:
         sub.phase("train")
@@ -586,8 +727,35 @@ def train_dit_stage(
                 run = dit.setup(options, storage, detail.slug, settings, events=sub.events)
                 outcome = dit.train(run)
             run_key, train_log = outcome.run_key, outcome.log
-    base = Path(str(train_log.get("config", {}).get("dit_path", ""))).name
-    return _trained("dit", sub.id, storage, run_key, train_log, options.adapter_type, base)
+    base_model = Path(str(train_log.get("config", {}).get("dit_path", ""))).name
+    trained = _trained("dit", sub.id, storage, run_key, train_log, options.adapter_type, base_model)
+    runs.finish("dit", trained)
+    return trained, "continued" if resume else ""
+
+
+def _dit_checkpoint(storage: Storage, run_key: str) -> str | None:
+    """The newest resumable checkpoint of an interrupted DiT run: `<run>/checkpoint/` (in-process
+    runs) or the newest of Ray Train's checkpoints of that run (`train-dit-<stamp>/checkpoint_*`
+    under the Ray results folder). None when the run got no checkpoint before it stopped."""
+    from hotstep_ray.distributed.ray_results import RESULTS_DIR
+
+    found = []
+    local = f"{run_key}/checkpoint"
+    if storage.exists(f"{local}/{MANIFEST}"):
+        found.append((storage.read_json(f"{local}/{MANIFEST}"), local))
+    ray_run = f"{RESULTS_DIR}/train-dit-{run_key.rsplit('/', 1)[-1]}"
+    if storage.exists(ray_run):
+        for key in storage.list(ray_run):
+            name = key.rsplit("/", 1)[-1]
+            if name.startswith("checkpoint_") and storage.exists(f"{key}/{MANIFEST}"):
+                found.append((storage.read_json(f"{key}/{MANIFEST}"), key))
+    if not found:
+        return None
+    return max(found, key=lambda item: _manifest_step(item[0]))[1]
+
+
+def _manifest_step(manifest: dict[str, Any]) -> int:
+    return int(manifest.get("step") or 0)
 
 
 def train_lm_stage(
@@ -598,16 +766,28 @@ def train_lm_stage(
     checkpoints: Path,
     recipe: Recipe,
     config: MainJobConfig,
-) -> TrainedAdapter:
-    """A new LM adapter run on the cache's 5 Hz codes, as its own `train-lm` job. The trigger is
-    each song's tag as preprocessed (the dataset's `custom_tag`)."""
+    runs: RunRecord,
+) -> tuple[TrainedAdapter, str]:
+    """The LM adapter run on the cache's 5 Hz codes, as its own `train-lm` job (reused, continued
+    or new, as the DiT's). The trigger is each song's tag as preprocessed (the dataset's
+    `custom_tag`)."""
     from hotstep_ray.cli.train_lm_cmd import find_codes
     from hotstep_ray.training import lm
 
     # Only the recipe's explicitly set fields (plus these two) count as given: with a warm start
     # (`init_adapter`), the rest is adopted from the earlier run.
     options = _with(recipe.lm, adapter_name=detail.slug, variant_key=pre.variant_key)
+    fingerprint = runs.fingerprint("lm", options, pre, checkpoints)
+    plan = runs.plan("lm", fingerprint, retrain=config.retrain)
+    if plan.reuse is not None:
+        job.events.log(f"LM adapter unchanged: reusing {plan.reuse.url}")
+        return plan.reuse, "unchanged, reused"
     lm_dir = lm.resolve_lm_dir(checkpoints, options.lm_size, options.lm_model)
+    manifest = f"{lm.checkpoint_key(plan.run_key)}/{MANIFEST}" if plan.run_key else ""
+    resume = bool(manifest) and storage.exists(manifest)
+    run_key = plan.run_key if resume else ""
+    if resume:
+        job.events.log(f"continuing the interrupted LM run {storage.url_of(run_key)}")
     with _sub_job(job, "train-lm", follow=config.ray_train) as sub:
         spec = lm.LmTrainSpec(
             options=options,
@@ -616,7 +796,14 @@ def train_lm_stage(
             artist=detail.slug,
             engine=recipe.lm_engine,
             events_key=layout.job_events(sub.id) if config.ray_train else "",
+            run_key=run_key,
         )
+        if not spec.run_key:  # a new run: its folder is picked here so the record knows it
+            base = layout.lm_adapter_base(options.lm_size)
+            spec = spec.model_copy(
+                update={"run_key": layout.new_run_dir(storage, base, detail.slug)}
+            )
+        runs.start("lm", fingerprint, spec.run_key)
         sub.phase("train")
         if config.ray_train:
             from hotstep_ray.training.ray_lm import run_lm_on_ray
@@ -627,13 +814,16 @@ def train_lm_stage(
                 num_workers=1,
                 use_gpu=recipe.use_gpu,
                 max_failures=recipe.max_failures,
+                resume=resume,
             )
         else:
             with _torch_threads(recipe.torch_threads):
-                result = lm.run_lm_training(spec, storage, events=sub.events)
-    return _trained(
+                result = lm.run_lm_training(spec, storage, events=sub.events, resume=resume)
+    trained = _trained(
         "lm", sub.id, storage, result.run_key, result.log, options.adapter_type, lm_dir.name
     )
+    runs.finish("lm", trained)
+    return trained, "continued" if resume else ""
 
 
 def audition_stage(

@@ -21,7 +21,7 @@ from hotstep_ray.cli import (
     train_dit_cmd,
     train_lm_cmd,
 )
-from hotstep_ray.cli.common import console, handle_errors
+from hotstep_ray.cli.common import console, handle_errors, json_on_stdout, print_json
 from hotstep_ray.core.events import LogEvent, MetricEvent, ProgressEvent
 
 app = typer.Typer(
@@ -64,34 +64,59 @@ def _console_sink(event) -> None:
         )
 
 
-@app.command()
+# The options `make` and `demo` share (typer reads each OptionInfo; one object serves both).
+_DATA = typer.Option("./data", help="Storage root: a folder or s3://bucket/prefix.")
+_RAY_ADDRESS = typer.Option(
+    "", help="Join this Ray cluster (default: start a local one, or use $RAY_ADDRESS)."
+)
+_CHECKPOINTS = typer.Option(
+    "", help="Real ACE-Step 1.5 weights (default: a tiny CPU checkpoint, written once)."
+)
+_EPOCHS = typer.Option(
+    None, min=1, help="Epochs of both trainers (default: 8 DiT / 4 LM tiny; contract's real)."
+)
+_RAY_TRAIN = typer.Option(
+    True, "--ray-train/--no-ray-train", help="Train on Ray Train (1 worker) or in-process."
+)
+_SKIP_TRAIN = typer.Option(False, "--skip-train", help="Stop after preprocessing.")
+_SKIP_AUDITION = typer.Option(False, "--skip-audition", help="Train, but start no audition app.")
+_RETRAIN = typer.Option(
+    False, "--retrain", help="Train new adapter runs even when nothing they depend on changed."
+)
+_JSON = typer.Option(False, "--json", help="Print the result as JSON (progress goes to stderr).")
+
+
+@app.command("make")
 @handle_errors
-def demo(
-    data: str = typer.Option("./data", help="Storage root: a folder or s3://bucket/prefix."),
-    ray_address: str = typer.Option(
-        "", help="Join this Ray cluster (default: start a local one, or use $RAY_ADDRESS)."
+def make(
+    songs: str = typer.Argument(
+        ...,
+        help="Folder of your songs (.wav .mp3 .flac ...; local or s3://), searched recursively.",
     ),
-    checkpoints: str = typer.Option(
-        "", help="Real ACE-Step 1.5 weights (default: a tiny CPU checkpoint, written once)."
-    ),
-    epochs: int | None = typer.Option(
-        None, min=1, help="Epochs of both trainers (default: 8 DiT / 4 LM tiny; contract's real)."
-    ),
-    ray_train: bool = typer.Option(
-        True, "--ray-train/--no-ray-train", help="Train on Ray Train (1 worker) or in-process."
-    ),
-    skip_train: bool = typer.Option(False, "--skip-train", help="Stop after preprocessing."),
-    skip_audition: bool = typer.Option(
-        False, "--skip-audition", help="Train, but start no audition app."
-    ),
+    name: str = typer.Option("", help="Dataset and adapter name (default: the folder's name)."),
+    tag: str = typer.Option("", help="Trigger word put in every caption (default: none)."),
+    data: str = _DATA,
+    ray_address: str = _RAY_ADDRESS,
+    checkpoints: str = _CHECKPOINTS,
+    epochs: int | None = _EPOCHS,
+    ray_train: bool = _RAY_TRAIN,
+    skip_train: bool = _SKIP_TRAIN,
+    skip_audition: bool = _SKIP_AUDITION,
+    retrain: bool = _RETRAIN,
+    as_json: bool = _JSON,
 ) -> None:
-    """The main job: example songs → dataset → tensors → DiT + LM adapters → A/B, on Ray.
+    """Your songs → dataset → labels → tensors → DiT + LM adapters → same-seed A/B, on Ray.
 
-    Runs on a local Ray with the tiny CPU checkpoint unless --checkpoints points at real weights.
-    Reruns reuse the dataset, the labels and the tensor cache, and train new adapter runs."""
-    from hotstep_ray.main_job import MainJobConfig, run_main_job
-
-    config = MainJobConfig(
+    Sidecars (`song.txt`, Side-Step's format) are read and only what they lack is labeled. Without
+    --checkpoints it trains the tiny CPU checkpoint on 2 s cuts (a try-out of the flow); point
+    --checkpoints at the ACE-Step 1.5 folder for real adapters. A rerun reuses what did not change
+    (dataset, labels, tensors, finished adapter runs) and continues an interrupted training run
+    from its last checkpoint."""
+    _run_main_job(
+        as_json,
+        songs=songs,
+        name=name,
+        tag=tag,
         data=data,
         ray_address=ray_address or None,
         checkpoints=checkpoints or None,
@@ -99,11 +124,55 @@ def demo(
         ray_train=ray_train,
         train=not skip_train,
         audition=not skip_audition,
+        retrain=retrain,
     )
-    result = run_main_job(config, sinks=(_console_sink,))
-    _print_dataset(result.dataset)
-    _print_stages(result)
-    _print_artifacts(result)
+
+
+@app.command()
+@handle_errors
+def demo(
+    data: str = _DATA,
+    ray_address: str = _RAY_ADDRESS,
+    checkpoints: str = _CHECKPOINTS,
+    epochs: int | None = _EPOCHS,
+    ray_train: bool = _RAY_TRAIN,
+    skip_train: bool = _SKIP_TRAIN,
+    skip_audition: bool = _SKIP_AUDITION,
+    retrain: bool = _RETRAIN,
+    as_json: bool = _JSON,
+) -> None:
+    """`make` on the bundled example songs: the whole product, nothing to bring.
+
+    Runs on a local Ray with the tiny CPU checkpoint unless --checkpoints points at real weights.
+    Reruns reuse what did not change and continue an interrupted training run."""
+    _run_main_job(
+        as_json,
+        data=data,
+        ray_address=ray_address or None,
+        checkpoints=checkpoints or None,
+        epochs=epochs,
+        ray_train=ray_train,
+        train=not skip_train,
+        audition=not skip_audition,
+        retrain=retrain,
+    )
+
+
+def _run_main_job(as_json: bool, **fields) -> None:
+    from hotstep_ray.main_job import MainJobConfig, run_main_job
+
+    with json_on_stdout(as_json):
+        result = run_main_job(MainJobConfig(**fields), sinks=(_console_sink,))
+        _print_dataset(result.dataset)
+        _print_stages(result)
+        _print_artifacts(result)
+        if result.tiny and fields.get("songs"):
+            console.print(
+                "[yellow]trained the tiny CPU checkpoint on 2 s cuts: a try-out of the flow. "
+                "For real adapters: --checkpoints /path/to/ACE-Step-1.5[/]"
+            )
+    if as_json:
+        print_json(result.to_json_dict())
 
 
 def _print_dataset(detail) -> None:
