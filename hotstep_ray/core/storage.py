@@ -24,6 +24,10 @@ from fsspec.implementations.local import LocalFileSystem
 
 from hotstep_ray.core.errors import StorageError
 
+# The process's umask, read once (reading it means setting it: not something to do per write).
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
 
 def normalize_key(key: str) -> str:
     """Clean a relative key; raise when it is absolute or climbs out of the root."""
@@ -167,6 +171,9 @@ class Storage:
         os.makedirs(parent, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=parent)
         try:
+            # mkstemp makes the file 0600; give it the mode `open()` would (0666 less the umask),
+            # so a second user or a cluster node's other account can read caches and adapters.
+            os.fchmod(fd, 0o666 & ~_UMASK)
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
                 handle.flush()

@@ -104,3 +104,17 @@ def test_s3_backend_reads_and_writes(s3_endpoint):
     assert storage.size("tensors/x/a.safetensors") == 1000
     assert list(storage.walk_files("datasets")) == ["datasets/x/dataset_meta.json"]
     assert storage.url_of("datasets") == "s3://hotstep-bucket/prefix/datasets"
+
+
+def test_local_writes_follow_the_umask_not_mkstemps_0600(tmp_path, monkeypatch):
+    """A cache or adapter written by one account must be readable by another (shared storage, a
+    cluster node's other user): the mode is what `open()` gives, 0666 less the umask."""
+    import stat
+    from pathlib import Path
+
+    from hotstep_ray.core import storage as storage_module
+
+    for umask, mode in ((0o022, 0o644), (0o002, 0o664), (0o077, 0o600)):
+        monkeypatch.setattr(storage_module, "_UMASK", umask)
+        path = Path(Storage(tmp_path).write_bytes(f"a/{umask:o}.bin", b"x"))
+        assert stat.S_IMODE(path.stat().st_mode) == mode
