@@ -33,7 +33,9 @@ Deliberate differences from Side-Step's writer (each asserted in tests/dataset/t
 Choices where Side-Step's behaviour is not pinned by the fixtures (picked so that files written by
 either writer, which always emit `caption:` and `is_instrumental:` lines, read back sensibly):
 
-- a `caption:` line with an empty value still selects the structured `<stem>.txt` convention;
+- an empty caption beside other fields is written as the file-name caption (Side-Step's own
+  default), because Side-Step reads a `caption:` line without a value as "the whole file is
+  lyrics" and would drop them;
 - an empty `is_instrumental:` value counts as absent (instrumental is then inferred from lyrics);
 - the split convention applies when `<stem>.caption.txt` or `<stem>.lyrics.txt` exists;
 - a bpm of zero or below reads as unknown (`None`).
@@ -173,7 +175,7 @@ def sidecar_key(audio_key: str) -> str:
 def load_sidecar(storage: Storage, stem: str) -> LoadedSidecar:
     """Side-Step's convention for one stem (a key without extension):
 
-    1. `<stem>.txt` with a `caption:` line: its parsed fields;
+    1. `<stem>.txt` with a non-empty `caption:` value: its parsed fields;
     2. else `<stem>.caption.txt` and/or `<stem>.lyrics.txt`: caption and lyrics only;
     3. else the whole `<stem>.txt` text (stripped) as lyrics, every other field dropped.
     """
@@ -186,7 +188,9 @@ def load_sidecar(storage: Storage, stem: str) -> LoadedSidecar:
     )
     if txt is not None:
         parsed = parse_sidecar_text(txt)
-        if "caption" in parsed:
+        # Side-Step tests the caption's value, not the key: a `caption:` line without a value
+        # falls through to the split files, then to "the whole text is lyrics".
+        if parsed.get("caption"):
             return LoadedSidecar(parsed, "txt", files)
     if caption is not None or lyrics is not None:
         split: dict[str, str] = {}
@@ -348,7 +352,12 @@ def render_sidecar(fields: Mapping[str, Any]) -> bytes:
 
 def write_sidecar(storage: Storage, key: str, fields: Mapping[str, Any]) -> bool:
     """Write `fields` as the sidecar at `key`, atomically, after copying the previous file to
-    `<key>.bak`. Returns False (and touches nothing) when the bytes would not change."""
+    `<key>.bak`. Returns False (and touches nothing) when the bytes would not change. An empty
+    caption beside other fields is written as the file-name caption: with no value there,
+    Side-Step (and `load_sidecar`) would read the whole file as lyrics and drop those fields."""
+    others = any(str(v or "").strip() for k, v in fields.items() if k != "caption")
+    if others and not str(fields.get("caption") or "").strip():
+        fields = {**fields, "caption": caption_from_filename(posixpath.basename(key))}
     data = render_sidecar(fields)
     previous = storage.read_bytes(key) if storage.exists(key) else None
     if previous == data:

@@ -88,14 +88,32 @@ def test_loader_conventions(storage):
     )
 
 
-def test_empty_caption_line_keeps_txt_convention(storage):
-    # Unpinned by the fixtures: both writers emit `caption: ` for an unlabeled song, and such a
-    # file must not turn into "the whole text is lyrics".
-    storage.write_bytes("s.txt", render_sidecar({"genre": "rock", "lyrics": "la"}))
+def test_an_empty_caption_value_reads_as_side_step_reads_it(storage):
+    # Side-Step tests the caption's value, not the key: `caption:` with nothing after it falls
+    # back to the split files, then to the whole text as lyrics (every other field dropped).
+    text = "caption: \ngenre: rock\nbpm: 96\nlyrics:\nla\n"
+    storage.write_text("s.txt", text)
     loaded = load_sidecar(storage, "s")
+    assert (loaded.convention, loaded.fields) == ("lyrics_only", {"lyrics": text.strip()})
+    storage.write_text("s.caption.txt", "Warm piano")
+    split = load_sidecar(storage, "s")
+    assert (split.convention, split.fields) == ("split", {"caption": "Warm piano"})
+    # "caption:  " (spaces only) is as empty as "caption:" once the value is stripped
+    storage.write_text("t.txt", "caption:   \ngenre: rock\n")
+    assert load_sidecar(storage, "t").convention == "lyrics_only"
+
+
+def test_our_writes_never_lose_fields_to_the_empty_caption_rule(storage):
+    """An unlabeled song's other fields survive the write and the read back: the caption is the
+    file-name caption Side-Step would use anyway. With nothing else to keep, the bytes stay
+    Side-Step's own (`caption: ` for an empty dict)."""
+    assert write_sidecar(storage, "My_song-1.txt", {"genre": "rock", "lyrics": "la"}) is True
+    loaded = load_sidecar(storage, "My_song-1")
     assert loaded.convention == "txt"
-    assert loaded.fields["genre"] == "rock"
-    assert normalize_sidecar(loaded.fields, "s.wav")["is_instrumental"] is False
+    assert (loaded.fields["caption"], loaded.fields["genre"]) == ("My song 1", "rock")
+    assert normalize_sidecar(loaded.fields, "My_song-1.wav")["is_instrumental"] is False
+    write_sidecar(storage, "empty.txt", {})
+    assert storage.read_bytes("empty.txt").startswith(b"caption: \n")
 
 
 def test_unreadable_sidecar_raises(tmp_path):
