@@ -39,6 +39,9 @@ SSE_POLL_S = 0.1
 PATH_OPTIONS = ("output_path", "output_dir", "init_adapter")
 
 
+HEALTH_PATH = "/api/health"  # answered without a token: {"ok", "authorized"} (+ storage if so)
+
+
 def create_app(config: StudioConfig) -> FastAPI:
     """The app for `config`. Creating it ends jobs a previous server left running."""
     studio = Studio.from_config(config)
@@ -50,7 +53,10 @@ def create_app(config: StudioConfig) -> FastAPI:
 
     def require_token(request: Request) -> None:
         path = request.url.path
-        if page.is_public(path):  # the page's own files hold no data; its API calls carry the token
+        # The page's own files hold no data (its API calls carry the token); health answers load
+        # balancers' and proxies' probes, which carry no token, and tells the page whether its
+        # token is right.
+        if page.is_public(path) or path == HEALTH_PATH:
             return
         query = request.query_params.get("token") if path.endswith(("/events", "/stream")) else None
         if not token_matches(config.token, request.headers.get("authorization"), query):
@@ -74,9 +80,12 @@ def create_app(config: StudioConfig) -> FastAPI:
     app.include_router(previews_api.router(studio), prefix=API_PREFIX)
     app.include_router(page.router())
 
-    @app.get("/api/health")
-    def health() -> dict[str, Any]:
-        return {"ok": True, "storage": studio.storage.url}
+    @app.get(HEALTH_PATH)
+    def health(request: Request) -> dict[str, Any]:
+        authorized = token_matches(config.token, request.headers.get("authorization"), None)
+        if not authorized:
+            return {"ok": True, "authorized": False}
+        return {"ok": True, "authorized": True, "storage": studio.storage.url}
 
     return app
 

@@ -49,10 +49,16 @@ def test_token_matching():
 def test_bearer_token_is_enforced_on_every_route(make_client):
     client = make_client(token="s3cret")
     good = {"Authorization": "Bearer s3cret"}
-    for url in (f"{API}/datasets", f"{API}/jobs", f"{API}/capabilities", "/api/health"):
+    for url in (f"{API}/datasets", f"{API}/jobs", f"{API}/capabilities"):
         assert client.get(url).status_code == 401, url
         assert client.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
         assert client.get(url, headers=good).status_code == 200, url
+    # Health answers a probe without a token, and shows nothing of the studio to it.
+    assert client.get("/api/health").json() == {"ok": True, "authorized": False}
+    wrong = client.get("/api/health", headers={"Authorization": "Bearer wrong"}).json()
+    assert wrong == {"ok": True, "authorized": False}
+    right = client.get("/api/health", headers=good).json()
+    assert right["authorized"] is True and "storage" in right
     response = client.get(f"{API}/datasets")
     assert response.json() == {"error": "missing or wrong bearer token"}
     assert response.headers["www-authenticate"] == "Bearer"

@@ -43,9 +43,9 @@ def test_studio_runs_on_serve(ray_session, tmp_path, songs):
         )
         serve.run(app, name="studio", route_prefix="/")
         base = f"http://127.0.0.1:{port}"
-        assert _call(f"{base}/api/health")[0] == 401
+        assert _call(f"{base}/api/health") == (200, {"ok": True, "authorized": False})
         status, body = _call(f"{base}/api/health", token="t0k")
-        assert status == 200 and body["ok"]
+        assert status == 200 and body["authorized"]
         status, body = _call(
             f"{base}/api/training/datasets", {"sourceDir": str(songs)}, token="t0k"
         )

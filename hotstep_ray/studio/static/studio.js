@@ -93,10 +93,12 @@ function seconds(value) {
 // -- health + token --------------------------------------------------------------------------
 async function checkHealth() {
   try {
-    await api("/api/health");
-    pill($("health"), "ok");
-    $("health").textContent = "connected";
-    return true;
+    // health answers without a token and says whether ours is right
+    const health = await api("/api/health");
+    if (!health.authorized) needToken();
+    pill($("health"), health.authorized ? "ok" : "down");
+    $("health").textContent = health.authorized ? "connected" : "token needed";
+    return Boolean(health.authorized);
   } catch (error) {
     pill($("health"), "down");
     $("health").textContent = error.status === 401 ? "token needed" : "unreachable";
