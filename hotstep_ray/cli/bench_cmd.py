@@ -1,14 +1,15 @@
-"""`hotstep-ray bench NAME [ARGS...]`: the main GPU benchmarks of docs/BENCHMARKS.md (the
-one-off probes it also cites, e.g. bench/guard_cost.py, run as plain scripts).
+"""`hotstep-ray bench NAME [ARGS...]` and `hotstep-ray bench matrix`: the benchmarks of
+docs/BENCHMARKS.md.
 
 The benchmark scripts live in the checkout's `bench/` folder (not in the installed package: they
-carry device notes, not library code). This command runs one of them in this process with the
-remaining arguments, exactly as `python bench/<its script> ARGS` does, so the numbers a user
-gets from the CLI are the documented ones:
+carry device notes, not library code). `bench NAME` runs one of them in this process with the
+remaining arguments, exactly as `python bench/<its script> ARGS` does; `bench matrix` runs the
+named configurations BENCHMARKS cites (`hotstep_ray.bench_matrix`), each process its own:
 
     hotstep-ray bench list
+    hotstep-ray bench matrix --list
+    hotstep-ray bench matrix --rows dit-2b-recipe,lm-4b-song --out results/
     hotstep-ray bench dit --models 2b --adapters lora64 --crops 6000 --batches 1,2 --compile default
-    hotstep-ray bench lm --sizes 4B
     hotstep-ray bench dit --tiny --device cpu --out /tmp/dit_bench.json     (a CPU dry run)
 """
 
@@ -20,24 +21,9 @@ from pathlib import Path
 
 import typer
 
+from hotstep_ray import bench_matrix
+from hotstep_ray.bench_matrix import BENCHES
 from hotstep_ray.cli.common import handle_errors
-from hotstep_ray.core.errors import InputError
-
-# name -> (script in bench/, what it measures)
-BENCHES: dict[str, tuple[str, str]] = {
-    "dit": ("dit_bench.py", "DiT adapter training step: ms/step, audio-s/s, MFU, peak memory"),
-    "lm": ("lm_bench.py", "5 Hz LM adapter training step: tokens/s, MFU, peak memory"),
-    "preprocess": ("preprocess_bench.py", "VAE encode + conditions + codes per song"),
-    "audition": ("audition_bench.py", "codes -> WAV latency, planner LM codes/s, load"),
-    "calibrate": ("calibrate_bench.py", "wall clock of an LM adapter calibration"),
-    "mm3": ("mm3_bench.py", "MM3 DiT LoRA training step"),
-    "label": ("label_bench.py", "Essentia analysis cost and actor scaling (CPU)"),
-    "compile-check": ("dit_compile_check.py", "compiled vs eager DiT gradients"),
-    "kernel-sweep": ("oobleck_kernel_sweep.py", "tiles of the VAE's Triton kernels (GPU)"),
-    "decode": ("decode_bench.py", "preprocessing's decode task and resampling per song (CPU)"),
-    "muon": ("muon_bench.py", "Muon's update on the DiT adapters' factor shapes, by precision"),
-    "kron": ("kron_kernel_bench.py", "LoKR's w1-gradient Triton pass against torch (GPU)"),
-}
 
 app = typer.Typer(
     help="Run a benchmark script from the checkout's bench/ folder (see docs/BENCHMARKS.md).",
@@ -45,22 +31,8 @@ app = typer.Typer(
 )
 
 
-def bench_dir() -> Path:
-    """The checkout's bench/ folder (an editable install, as `make` sets up)."""
-    return Path(__file__).resolve().parents[2] / "bench"
-
-
-def script_for(name: str, folder: Path | None = None) -> Path:
-    folder = folder or bench_dir()
-    if name not in BENCHES:
-        raise InputError(f"unknown benchmark {name!r}: expected one of {', '.join(BENCHES)}")
-    path = folder / BENCHES[name][0]
-    if not path.is_file():
-        raise InputError(
-            f"{path} not found: the benchmarks run from a source checkout "
-            "(git clone + make install), not from an installed wheel"
-        )
-    return path
+bench_dir = bench_matrix.bench_dir
+script_for = bench_matrix.script_for
 
 
 @app.command("list")
@@ -68,6 +40,34 @@ def list_benches() -> None:
     """What each benchmark measures."""
     for name, (script, what) in BENCHES.items():
         typer.echo(f"{name:14} bench/{script:24} {what}")
+    typer.echo(f"{'matrix':14} {'':30} the named configurations of docs/BENCHMARKS.md (--list)")
+
+
+@app.command("matrix")
+@handle_errors
+def matrix(
+    rows: str = typer.Option(
+        "", "--rows", help="ROW[,ROW...]: row names, a stage's name (all its rows), or all."
+    ),
+    show: bool = typer.Option(False, "--list", help="Show the rows and their commands."),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="Folder of the reports, logs and matrix.jsonl (default $OUT, else ./bench_out).",
+    ),
+    timeout: float = typer.Option(0, "--timeout", help="Seconds per process, 0 for none."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Check each row's arguments against its script; run nothing."
+    ),
+) -> None:
+    """Run named benchmark configurations: one JSON line per row (docs/BENCHMARKS.md cites
+    its numbers by row)."""
+    chosen = bench_matrix.select(rows) if rows or not show else list(bench_matrix.ROWS)
+    if show:
+        typer.echo(bench_matrix.describe(chosen))
+        return
+    folder = out or bench_matrix.default_folder()
+    raise typer.Exit(bench_matrix.run(chosen, folder, timeout, check_only=dry_run))
 
 
 def run_script(path: Path, args: list[str]) -> int:
