@@ -48,13 +48,15 @@ from hotstep_ray.calibration.ray_calibrate import Runner, run_local
 from hotstep_ray.calibration.recipe import KindPlan, calibrate_run
 from hotstep_ray.calibration.report import CalibrationOutcome
 from hotstep_ray.calibration.runs import RunInfo, codes_key
+from hotstep_ray.core.contracts import LM_CALIBRATION_MAX_BATCH_DEFAULT
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.training.lm_data import load_lm_codes
 
 PHASE = "calibrate-lm"
-DEFAULT_MAX_BATCH = 4  # requests decoded together (1 = one at a time)
+# requests decoded together (1 = one at a time)
+DEFAULT_MAX_BATCH = LM_CALIBRATION_MAX_BATCH_DEFAULT
 METRIC = {
     "score": "marginal + transition, bits in [0, 2]; lower is better",
     "marginal": "Jensen-Shannon divergence (log2) of the generated vs dataset code histograms",

@@ -16,16 +16,16 @@ import typer
 
 from hotstep_ray.audition.schemas import LmSampling
 from hotstep_ray.calibration import grid
-from hotstep_ray.calibration.dit_calibrate import DitCalibrationConfig, calibrate_dit
-from hotstep_ray.calibration.lm_calibrate import LmCalibrationConfig, calibrate_lm
 from hotstep_ray.calibration.ray_calibrate import make_runner
 from hotstep_ray.calibration.runs import resolve_run_key, run_kind
 from hotstep_ray.cli.common import console, handle_errors, print_json
+from hotstep_ray.core.contracts import LM_CALIBRATION_MAX_BATCH_DEFAULT
 from hotstep_ray.core.events import LogEvent, MetricEvent
 from hotstep_ray.core.jobs import Job
 from hotstep_ray.core.storage import Storage
 
 app = typer.Typer(help="Calibrate adapters: best milestone x scale, baked.", no_args_is_help=True)
+_SAMPLING = LmSampling.model_fields  # the LM sampling defaults the options show
 
 
 @app.callback()
@@ -54,18 +54,25 @@ def run(
     run_dir: str = typer.Argument(..., help="Run folder: storage key or local path in --data."),
     data: str = typer.Option("./data", help="Storage root: a folder or s3://bucket/prefix."),
     checkpoints: str = typer.Option(..., help="ACE-Step checkpoints folder."),
-    scales: str = typer.Option("0.5,0.75,1.0,1.25", help="Adapter scales to try, in (0, 2]."),
+    scales: str = typer.Option(
+        ",".join(f"{scale:g}" for scale in grid.DEFAULT_SCALES),
+        help="Adapter scales to try, in (0, 2].",
+    ),
     seeds: int = typer.Option(4, help="Generations per grid point (prompts cycle the songs)."),
     base_seed: int = typer.Option(1234, help="Seed of generation 0 (then +1 each)."),
     duration: float = typer.Option(
         0.0, help="Seconds per generation; LM 0 = the LM plans it (length guard), DiT 0 = 10."
     ),
-    temperature: float = typer.Option(0.85, help="LM sampling temperature (0 = greedy)."),
-    top_p: float = typer.Option(0.9, help="LM nucleus sampling."),
-    top_k: int = typer.Option(0, help="LM top-k (0 = off)."),
-    cfg_scale: float = typer.Option(2.0, help="LM classifier-free guidance (<= 1: off)."),
+    temperature: float = typer.Option(
+        _SAMPLING["temperature"].default, help="LM sampling temperature (0 = greedy)."
+    ),
+    top_p: float = typer.Option(_SAMPLING["top_p"].default, help="LM nucleus sampling."),
+    top_k: int = typer.Option(_SAMPLING["top_k"].default, help="LM top-k (0 = off)."),
+    cfg_scale: float = typer.Option(
+        _SAMPLING["cfg_scale"].default, help="LM classifier-free guidance (<= 1: off)."
+    ),
     max_batch: int = typer.Option(
-        LmCalibrationConfig.model_fields["max_batch"].default,
+        LM_CALIBRATION_MAX_BATCH_DEFAULT,
         min=1,
         max=64,
         help="LM: generations decoded together (1 = one at a time).",
@@ -86,6 +93,10 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="Print hot_step_eval.json."),
 ) -> None:
     """Evaluate every milestone x scale of RUN_DIR and bake the winner."""
+    # The calibrators import torch: here, so that --help starts without it.
+    from hotstep_ray.calibration.dit_calibrate import DitCalibrationConfig, calibrate_dit
+    from hotstep_ray.calibration.lm_calibrate import LmCalibrationConfig, calibrate_lm
+
     storage = Storage(data)
     run_key = resolve_run_key(storage, run_dir)
     kind = run_kind(storage, run_key)

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from difflib import get_close_matches
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_origin
 
 import typer
 import typer.core
 from rich.console import Console
 
 from hotstep_ray.core.errors import HotstepError
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 console = Console()
 err_console = Console(stderr=True)
@@ -101,3 +105,54 @@ def calibration_overrides(scales: Any, seeds: Any, duration_s: Any) -> dict[str,
     (only the ones given: the rest keep calibration's defaults)."""
     given = {"scales": scales, "seeds": seeds, "duration_s": duration_s}
     return {key: value for key, value in given.items() if value}
+
+
+def contract_parameters(
+    contract: type[BaseModel], skip: Container[str] = ()
+) -> list[inspect.Parameter]:
+    """One keyword option per field of `contract` (`--x/--no-x` for booleans; a Literal lists its
+    choices), each defaulting to None = not given, so the contract's own default applies and is
+    written only there; --help shows it after the field's description."""
+    params = []
+    for name, field in contract.model_fields.items():
+        if name in skip:
+            continue
+        flag = "--" + name.replace("_", "-")
+        default = field.get_default(call_default_factory=True)
+        shown = ",".join(map(str, default)) if isinstance(default, list) else default
+        help_text = f"{field.description} " if field.description else ""
+        help_text += f"Default: {shown!r}." if shown == "" else f"Default: {shown}."
+        annotation: Any = field.annotation
+        if annotation is bool:
+            option = typer.Option(None, f"{flag}/--no-{flag[2:]}", help=help_text)
+        else:
+            option = typer.Option(None, flag, help=help_text)
+            if annotation not in (int, float, str) and get_origin(annotation) is not Literal:
+                annotation = str  # pydantic converts and validates the text
+        params.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation | None
+            )
+        )
+    return params
+
+
+def with_contract_options(contract: type[BaseModel], skip: Container[str] = ()) -> Callable[[F], F]:
+    """Decorator: `func(own options..., **values)` gets a signature typer reads, its own
+    parameters followed by `contract_parameters(contract, skip)`; `given(values)` then holds the
+    options the command line set."""
+
+    def decorate(func: F) -> F:
+        signature = inspect.signature(func)
+        own = [p for p in signature.parameters.values() if p.kind != inspect.Parameter.VAR_KEYWORD]
+        func.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=own + contract_parameters(contract, skip)
+        )
+        return func
+
+    return decorate
+
+
+def given(values: dict[str, Any]) -> dict[str, Any]:
+    """The contract options set on the command line (None = not given)."""
+    return {key: value for key, value in values.items() if value is not None}

@@ -1,16 +1,25 @@
-"""`hotstep-ray models ...`: list the checkpoints a machine has, verify a DiT against fixtures."""
+"""`hotstep-ray models ...`: list the checkpoints a machine has, verify a DiT against fixtures,
+write tiny or full-size random checkpoint trees."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from hotstep_ray.cli.common import EXIT_FAILURE, console, handle_errors, print_json
-from hotstep_ray.models.discovery import discover, missing_for_stages
-from hotstep_ray.models.verify import verify_cases
+from hotstep_ray.cli.common import (
+    EXIT_FAILURE,
+    console,
+    given,
+    handle_errors,
+    print_json,
+    with_contract_options,
+)
+from hotstep_ray.core.contracts import MakeRandomOptions
 
 app = typer.Typer(help="Find, check and verify ACE-Step 1.5 checkpoints.", no_args_is_help=True)
 
@@ -31,6 +40,8 @@ def list_checkpoints(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Each component found (variant, dtype, size, problems) and what each stage still needs."""
+    from hotstep_ray.models.discovery import discover, missing_for_stages
+
     components = discover(checkpoints)
     stages = missing_for_stages(components)
     if as_json:
@@ -68,6 +79,8 @@ def verify(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Run every reference case; exit 1 if any case fails or is unsupported."""
+    from hotstep_ray.models.verify import verify_cases  # imports torch: not at --help
+
     results = verify_cases(checkpoint, cases, atol=atol, rtol=rtol)
     if as_json:
         print_json([result.to_dict() for result in results])
@@ -99,6 +112,7 @@ def make_tiny(
 
     Random weights, small enough that the whole pipeline runs on a CPU in seconds; it loads
     through exactly the code path real ACE-Step 1.5 weights use."""
+    from hotstep_ray.models.discovery import discover
     from hotstep_ray.models.tiny_tree import make_tiny_tree
 
     root = make_tiny_tree(folder, seed=seed)
@@ -109,3 +123,48 @@ def make_tiny(
         table.add_row(info.name, info.kind, f"{info.size_bytes / 1e6:.1f} MB")
     console.print(table)
     console.print(f"[green]written:[/] {root}", soft_wrap=True)
+
+
+def _make_random(
+    folder: Path = typer.Argument(..., help="Where to write the tree (absent or empty)."),
+    **contract: Any,
+) -> None:
+    """Write a full-size ACE-Step 1.5 tree of random weights in the official layout.
+
+    The real shapes (so the real memory and speed) for benchmarks and dry runs on a machine
+    without the released weights. In bf16 a 2B DiT takes 4.8 GB, XL 10.0 GB; the 0.6B / 1.7B / 4B
+    LMs 1.3 / 3.7 / 8.4 GB; the VAE 0.3 GB and the text encoder 1.2 GB. Each part is checked by
+    the loaders' key checks on what was written; the tree appears at FOLDER only once complete
+    (it is written into FOLDER.partial first)."""
+    from hotstep_ray.models import random_tree  # imports torch: not at --help
+
+    options = MakeRandomOptions.model_validate(given(contract))
+    root = random_tree.write_random_tree(
+        folder,
+        random_tree.tree_configs(options),
+        seed=options.seed,
+        dtype=options.dtype,
+        device=options.device,
+        force=options.force,
+        say=lambda message: console.print(f"  {escape(message)}", highlight=False, soft_wrap=True),
+    )
+    _print_tree(root, f"random checkpoints in {root}")
+
+
+make_random = app.command("make-random")(
+    handle_errors(with_contract_options(MakeRandomOptions)(_make_random))
+)
+
+
+def _print_tree(root: Path, title: str) -> None:
+    from hotstep_ray.models.discovery import discover
+
+    table = Table(title=title)
+    for column in ("component", "kind", "variant", "dtype", "size"):
+        table.add_column(column)
+    for info in discover(root):
+        table.add_row(
+            info.name, info.kind, info.variant or "-", info.dtype or "-", _size(info.size_bytes)
+        )
+    console.print(table)
+    console.print(f"[green]written:[/] {escape(str(root))}", soft_wrap=True)

@@ -15,6 +15,7 @@ it into `<run>-calibrated/` (`--no-calibrate-repoint`: the artist keeps resolvin
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -28,13 +29,16 @@ from hotstep_ray.cli.common import (
     print_json,
 )
 from hotstep_ray.core import layout
-from hotstep_ray.core.contracts import TrainLmOptions
+from hotstep_ray.core.contracts import (
+    LM_ACTIVATION_BUDGET_DEFAULT,
+    LM_COMPILE_DEFAULT,
+    TrainLmOptions,
+)
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import LogEvent, MetricEvent
 from hotstep_ray.core.jobs import Job
+from hotstep_ray.core.layout import LM_CODES_FILE as CODES_FILE
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.training import lm
-from hotstep_ray.training.lm_data import CODES_FILE
 
 app = typer.Typer(
     help="Train 5 Hz LM (planner) adapters (`train-lm SLUG ...` = `train-lm run SLUG ...`).",
@@ -65,6 +69,20 @@ def find_codes(storage: Storage, slug: str, variant: str = "") -> str:
     return max(found, key=storage.mtime_ns)
 
 
+def lm_folder(checkpoints: str, options: TrainLmOptions) -> tuple[Path, TrainLmOptions]:
+    """The LM folder of `options` and the options with its size: a named folder (`lm_model`)
+    says its size in its config.json, which wins over the contract's default size; a size given
+    explicitly that disagrees with the folder is an InputError (before anything loads)."""
+    from hotstep_ray.training import lm
+
+    folder = lm.resolve_lm_dir(checkpoints, options.lm_size, options.lm_model)
+    if not options.lm_model:  # the official folder of the requested size: setup checks it
+        return folder, options
+    explicit = "lm_size" in options.model_fields_set
+    size = lm.lm_size_of(lm.read_dims(folder), options.lm_size, explicit=explicit)
+    return folder, options.model_copy(update={"lm_size": size})
+
+
 def _print_event(event: Any) -> None:
     if isinstance(event, LogEvent):
         style = {"info": "dim", "warn": "yellow", "error": "red"}[event.level]
@@ -87,8 +105,14 @@ def run(
     slug: str = typer.Argument(..., help="Dataset slug (its preprocessed codes are the data)."),
     data: str = typer.Option("./data", help="Storage root: a folder or s3://bucket/prefix."),
     checkpoints: str = typer.Option(..., help="ACE-Step checkpoints folder."),
-    size: str | None = typer.Option(None, help="LM size: 0.6B, 1.7B or 4B (default: 4B)."),
-    lm_model: str = typer.Option("", help="LM folder (name under --checkpoints, or a path)."),
+    size: str | None = typer.Option(
+        None,
+        help="LM size: 0.6B, 1.7B or 4B (default: the --lm-model folder's, read from its "
+        f"config.json; without --lm-model {TrainLmOptions.model_fields['lm_size'].default}).",
+    ),
+    lm_model: str = typer.Option(
+        "", help="LM folder (name under --checkpoints, or a path); its config.json sets the size."
+    ),
     variant: str = typer.Option("", help="Preprocessed variant (default: newest)."),
     codes: str = typer.Option("", help="Storage key of lm_codes.jsonl (overrides the lookup)."),
     artist: str = typer.Option("", help="Adapter name (default: the slug)."),
@@ -143,7 +167,7 @@ def run(
     checkpointing: str = typer.Option("auto", help="auto, none, full or a layer count."),
     attention: str = typer.Option("sdpa", help="sdpa or varlen."),
     compile_mode: str = typer.Option(
-        lm.LmEngine.model_fields["compile"].default,
+        LM_COMPILE_DEFAULT,
         "--compile",
         help="torch.compile each decoder layer: off, default, reduce-overhead (CUDA graphs), or "
         "auto (reduce-overhead on one GPU; default when layers are checkpointed or on several "
@@ -151,7 +175,7 @@ def run(
         "H200).",
     ),
     activation_budget: float = typer.Option(
-        lm.LmEngine.model_fields["activation_budget"].default,
+        LM_ACTIVATION_BUDGET_DEFAULT,
         help="Share of the compiled layers' activations kept for the backward (the rest is "
         "recomputed): less memory for a little time.",
     ),
@@ -169,6 +193,8 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="Print the training log as JSON."),
 ) -> None:
     """Train a LoRA/LoKR adapter on the 5 Hz LM from SLUG's preprocessed codes."""
+    from hotstep_ray.training import lm
+
     storage = Storage(data)
     given = {
         "adapter_type": adapter_type,
@@ -203,6 +229,7 @@ def run(
         lm_model=lm_model, adapter_name=name, variant_key=variant,
         **{k: v for k, v in given.items() if v is not None},
     )  # fmt: skip
+    lm_dir, options = lm_folder(checkpoints, options)
     calibration = calibration_overrides(calibrate_scales, calibrate_seeds, calibrate_duration)
     codes_key = codes or find_codes(storage, slug, variant)
     engine = lm.LmEngine(
@@ -218,7 +245,7 @@ def run(
     job = Job(storage, "train-lm", dataset_id=slug, sinks=(_print_event,))
     spec = lm.LmTrainSpec(
         options=options,
-        lm_dir=str(lm.resolve_lm_dir(checkpoints, options.lm_size, lm_model)),
+        lm_dir=str(lm_dir),
         codes_key=codes_key,
         artist=name,
         trigger=trigger or "",

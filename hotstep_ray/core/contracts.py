@@ -330,6 +330,15 @@ class TrainLmOptions(Options):
         return self
 
 
+# Defaults of the torch-side run settings that the CLI shows in --help. They live here, torch-free,
+# so `hotstep-ray --help` need not import torch; `training.lm.LmEngine` and
+# `calibration.lm_calibrate.LmCalibrationConfig` take their defaults from these names.
+LmCompileMode = Literal["auto", "off", "default", "reduce-overhead"]
+LM_COMPILE_DEFAULT: LmCompileMode = "auto"  # LmEngine.compile (what each mode does: training.lm)
+LM_ACTIVATION_BUDGET_DEFAULT = 0.8  # LmEngine.activation_budget: share of activations kept
+LM_CALIBRATION_MAX_BATCH_DEFAULT = 4  # LmCalibrationConfig.max_batch: requests decoded together
+
+
 class TrainDitOptions(Options):
     """DiT adapter training. Defaults: HOT-Step route values; `None` means "by adapter type"
     (LoKR and LoRA want different learning rates, weight decay and loss weighting)."""
@@ -476,3 +485,27 @@ class JobSummary(Contract):
     created_at: int = 0  # epoch ms
     started_at: int = 0
     finished_at: int = 0
+
+
+# -- models --------------------------------------------------------------------------------------
+RandomDitLayout = Literal["2b", "xl", "none"]
+RandomLmSize = Literal["0.6B", "1.7B", "4B", "none"]
+WeightDtype = Literal["bf16", "fp16", "fp32"]
+
+
+class MakeRandomOptions(Options):
+    """`models make-random DIR`: a full-size ACE-Step 1.5 tree of random weights in the official
+    layout (`models.random_tree`), for benchmarks and dry runs without the released weights."""
+
+    dit: RandomDitLayout = Field(default="2b", description="DiT: 2B or XL turbo; none = no DiT.")
+    lm: RandomLmSize = Field(default="1.7B", description="5 Hz LM size; none = no LM.")
+    vae: bool = Field(default=True, description="Write vae/.")
+    text_encoder: bool = Field(default=True, description="Write Qwen3-Embedding-0.6B/.")
+    seed: int = Field(default=0, ge=0, description="Seed of the random weights.")
+    dtype: WeightDtype = Field(default="bf16", description="Stored dtype of every weight.")
+    device: str = Field(
+        default="", description='Where the values are drawn: cuda, cpu ("" = cuda if present).'
+    )
+    force: bool = Field(
+        default=False, description="Write into a non-empty folder, replacing the parts written."
+    )

@@ -27,6 +27,9 @@ from hotstep_ray.core.storage import Storage
 
 ADAPTER_WEIGHT_FILES = ("adapter_model.safetensors", "lokr_weights.safetensors")
 LM_SIZE_FOLDERS = {"0.6B": "lm-06b", "1.7B": "lm-17b", "4B": "lm-4b"}
+# The 5 Hz codes of a tensor cache, `tensors/<slug>/<variant_key>/lm_codes.jsonl` (preprocess writes
+# it, train-lm and LM calibration read it).
+LM_CODES_FILE = "lm_codes.jsonl"
 MM3_LM_FOLDER = "mm3-lm-adapters"
 MM3_DIT_FOLDER = "mm3-dit"  # one MM3 DiT release, so no per-base shorthand
 MM3_DIT_WEIGHTS = "mm3_lora.safetensors"  # the filtered ComfyUI-format file of an MM3 run

@@ -10,10 +10,11 @@ the Qwen models, token ids) are the released Qwen3 values and change no paramete
 a real checkpoint (same config mapping, same classes and kwargs, parameters on the meta device
 then assigned in the target dtype, the same finishing steps: XL timbre token, padded-key
 attention processor, weight-norm refresh, rotary buffers, eval mode) but fill the weights with
-seeded random values instead of reading files. A 2B folder on disk would be 4.8 GB (bf16), so
-no file is written; the official key names are still round-tripped through `acestep_keys` and
-checked by the loader's own `_check_keys`, so a key or shape the mapping gets wrong at full size
-fails here as it would on a real file.
+seeded random values instead of reading files. Nothing here writes a file (a 2B folder is
+4.8 GB in bf16; `random_tree`, behind `models make-random`, saves these builds as a checkpoint
+tree); the official key names are still round-tripped through `acestep_keys` and checked by the
+loader's own `_check_keys`, so a key or shape the mapping gets wrong at full size fails here as
+it would on a real file.
 """
 
 from __future__ import annotations

@@ -50,7 +50,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
 from hotstep_ray.core import layout
-from hotstep_ray.core.contracts import TrainLmOptions
+from hotstep_ray.core.contracts import (
+    LM_ACTIVATION_BUDGET_DEFAULT,
+    LM_COMPILE_DEFAULT,
+    LmCompileMode,
+    TrainLmOptions,
+)
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog, MetricEvent
 from hotstep_ray.core.storage import Storage
@@ -74,7 +79,7 @@ LOG_FORMAT = "hot-step-lm-train-v1"
 CHECKPOINT_DIR = "checkpoint"  # resumable state under the run folder, removed after export
 MILESTONE_DIR = "milestones"
 MAX_LEN_CAP = 16384
-CompileMode = Literal["auto", "off", "default", "reduce-overhead"]
+CompileMode = LmCompileMode  # the modes live in core.contracts with their default
 
 
 class LmEngine(BaseModel):
@@ -98,12 +103,12 @@ class LmEngine(BaseModel):
     # DDP (`compiling.with_graphs`), off on the CPU.
     # H200, 4B LoRA r16, a 1700-token song: 294 ms eager -> 93-95 ms per step; the first step of
     # each new row width compiles (17-19 s, then about 14 s per further width; docs/BENCHMARKS.md).
-    compile: CompileMode = "auto"
+    compile: CompileMode = LM_COMPILE_DEFAULT
     # Share of the compiled layers' saved activations that AOTAutograd may keep; below 1 its
     # partitioner recomputes the cheapest ops (norms, SiLU, casts) in the backward instead
     # (torch._functorch activation_memory_budget). 4B, 1700 tokens, reduce-overhead: 1.0 -> 93 ms
     # at 17.1 GiB reserved; 0.8 -> 95 ms at 15.2 GiB. Ignored when the layers run eagerly.
-    activation_budget: float = Field(default=0.8, gt=0, le=1)
+    activation_budget: float = Field(default=LM_ACTIVATION_BUDGET_DEFAULT, gt=0, le=1)
     vram_budget_gib: float = Field(default=0.0, ge=0)  # 0 = free GPU memory - reserve
     vram_reserve_gib: float = Field(default=1.5, ge=0)
     checkpoint_every: int = Field(default=1, ge=0)  # epochs between resumable checkpoints
@@ -164,14 +169,16 @@ def resolve_lm_dir(checkpoints: str | Path, size: str, lm_model: str = "") -> Pa
     return folder
 
 
-def lm_size_of(dims: lm_vram.LmDims, requested: str) -> str:
-    """The size label from the architecture; a known architecture that disagrees with the
-    requested size is an error (a mislabelled folder), an unknown one keeps the request."""
+def lm_size_of(dims: lm_vram.LmDims, requested: str, explicit: bool = True) -> str:
+    """The size label from the architecture (the folder's config.json). A known architecture
+    wins over a size nobody asked for (`explicit=False`: the contract's default) and must match
+    one that was asked for (else a mislabelled folder or the wrong --size: an error); an unknown
+    architecture (a tiny test LM) keeps the requested size."""
     found = dims.size_label
-    if found is not None and found != requested:
+    if found is not None and found != requested and explicit:
         raise InputError(
             f"the LM folder holds a {found} model (hidden {dims.hidden}, {dims.layers} layers), "
-            f"not {requested}; pass --size {found} or the right folder"
+            f"not {requested}; pass --size {found}, leave --size out, or pick the right folder"
         )
     return found or requested
 

@@ -42,7 +42,7 @@ from hotstep_ray.core import layout
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.models import lm_tokenizer, prompts
 
-CODES_FILE = "lm_codes.jsonl"
+CODES_FILE = layout.LM_CODES_FILE
 CODE_HZ = 5  # codes per second of audio
 # Column names of `lm_codes.jsonl` (preprocess writes it); first present name wins. A rename in the
 # writer is a one-line change here.
