@@ -48,7 +48,13 @@ from hotstep_ray.dataset.scan import (
     probe_sample,
     scan_folder,
 )
-from hotstep_ray.dataset.sidecar import load_sidecar, sidecar_key, stem_key, write_sidecar
+from hotstep_ray.dataset.sidecar import (
+    caption_from_filename,
+    load_sidecar,
+    sidecar_key,
+    stem_key,
+    write_sidecar,
+)
 
 # Dataset settings a user may change after creation (slug, id and source folder are fixed).
 MUTABLE_SETTINGS = frozenset(
@@ -110,8 +116,11 @@ def apply_label(sample: Sample, record: Mapping[str, Any]) -> Sample:
     if not record:
         return sample
     status = sample.label_status
-    if status != "labeled" and record.get("labelStatus") == "error":
-        status = "error"
+    # A caption that is only the file-name placeholder (written so Side-Step keeps the sidecar's
+    # other fields) does not make a song labeled when its label run said otherwise.
+    placeholder = sample.caption == caption_from_filename(sample.rel_path)
+    if record.get("labelStatus") in ("error", "unlabeled") and (status != "labeled" or placeholder):
+        status = record["labelStatus"]
     tags = record.get("tags") or {}
     return sample.model_copy(
         update={

@@ -24,6 +24,7 @@ from hotstep_ray.core.storage import Storage
 from hotstep_ray.dataset.store import build_dataset, create_dataset, load_dataset
 from hotstep_ray.main_job import (
     MainJobConfig,
+    RunRecord,
     _with,
     tiny_recipe,
     train_dit_stage,
@@ -80,8 +81,10 @@ def test_songs_to_previews_on_an_s3_root(s3_server, tiny_tree, tmp_path):
     config = MainJobConfig(data=storage.url, ray_train=False, audition=False)
     detail = load_dataset(storage, detail.slug)
     with Job(storage, "build") as job:
-        dit_run = train_dit_stage(job, storage, detail, pre, tiny_tree, recipe, config)
-        lm_run = train_lm_stage(job, storage, detail, pre, tiny_tree, recipe, config)
+        runs = RunRecord(storage, detail.slug)  # the make_runs.json record, on S3 too
+        dit_run, _ = train_dit_stage(job, storage, detail, pre, tiny_tree, recipe, config, runs)
+        lm_run, _ = train_lm_stage(job, storage, detail, pre, tiny_tree, recipe, config, runs)
+    assert set(storage.read_json(runs.key)) == {"dit", "lm"}
     for run, weights in ((dit_run, "lokr_weights.safetensors"), (lm_run, "adapter_model")):
         assert run.url.startswith(storage.url + "/adapters/"), run.url
         assert len(run.epoch_losses) == 2 and all(loss > 0 for loss in run.epoch_losses)
