@@ -53,16 +53,17 @@ from hotstep_ray.core.storage import Storage  # noqa: E402
 from hotstep_ray.models import full_configs as fc  # noqa: E402
 from hotstep_ray.models.tiny_dit import tiny_config  # noqa: E402
 from hotstep_ray.training import (  # noqa: E402
-    adapters,
     dit,
     dit_data,
     dit_vram,
     flat_grads,
     kron_kernels,
     optim,
+    speed,
     step_graph,
 )
 
+DEFAULT_SPEED = speed.SpeedOptions()
 GIB = 1024**3
 CONDITION_TOKENS = 769
 SONGS = 16
@@ -108,32 +109,32 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--kron-mix",
-        default=adapters.KRON_MIX,
-        choices=("auto", *adapters.KRON_MIXES),
+        default=DEFAULT_SPEED.kron_mix,
+        choices=("auto", *speed.KRON_MIXES),
         help="LoKR w1-side mix",
     )
     parser.add_argument(
         "--kron-forward",
-        default=adapters.KRON_FORWARD,
-        choices=adapters.KRON_FORWARDS,
+        default=DEFAULT_SPEED.kron_forward,
+        choices=speed.KRON_FORWARDS,
         help="LoKR: the factored path beside the base Linear, or one Linear on W + ΔW",
     )
     parser.add_argument(
         "--kron-merged-min-tokens",
         type=int,
-        default=adapters.KRON_MERGED_MIN_TOKENS,
+        default=DEFAULT_SPEED.kron_merged_min_tokens,
         help="LoKR: rows of a Linear's input below which the merged forward runs factored",
     )
     parser.add_argument(
         "--fused-mix",
-        default=adapters.FUSED_MIX,
+        default=DEFAULT_SPEED.fused_mix,
         action=argparse.BooleanOptionalAction,
-        help="LoKR's backward: w1's pair sums and w2's mix in one kernel pass (adapters.FUSED_MIX)",
+        help="LoKR's backward: w1's pair sums and w2's mix in one kernel pass (fused_mix)",
     )
     parser.add_argument(
         "--flat-grads",
         action=argparse.BooleanOptionalAction,
-        default=dit.FLAT_GRADS,
+        default=DEFAULT_SPEED.flat_grads,
         help="CUDA-graph steps: gradients as views of one flat buffer (clip/zero in a few "
         "kernels); step-graph needs it (without, steps run the compiled blocks ungraphed)",
     )
@@ -234,6 +235,18 @@ def tiny_cpu_args(crops: str = "32") -> argparse.Namespace:
         optimizer="muon",
         muon_ns_precision="auto",
         padded_frames=0,
+        speed=DEFAULT_SPEED,
+    )
+
+
+def speed_options(args: argparse.Namespace) -> speed.SpeedOptions:
+    """The A/B flags as the runs' `SpeedOptions` (`build_group` reads `args.speed`)."""
+    return speed.SpeedOptions(
+        kron_mix=args.kron_mix,
+        kron_forward=args.kron_forward,
+        kron_merged_min_tokens=args.kron_merged_min_tokens,
+        fused_mix=args.fused_mix,
+        flat_grads=args.flat_grads,
     )
 
 
@@ -267,7 +280,9 @@ def build_group(
         compile="off" if compile_mode == "none" else compile_mode,  # the trainer's own path
     )
     # fold off: a row's batch is what each forward runs (`--grad-accum` then means forwards)
-    settings = dit.DitSettings(device=str(device), run_key="adapters/bench/run", fold_accum="off")
+    settings = dit.DitSettings(
+        device=str(device), run_key="adapters/bench/run", fold_accum="off", speed=args.speed
+    )
     run = dit.prepare(options, storage, "bench", cache, models, "random-init", settings)
     if attention == "flex":
         run.transformer.set_attn_processor(FlexAttnProcessor(compiled=compile_mode == "none"))
@@ -285,7 +300,7 @@ def configure(run: dit.DitRun, crop: int, batch: int, ckpt: str) -> None:
         batch=batch,
         ckpt_layers=ckpt_layers,
         estimate=dit_vram.estimate(
-            run.dims, run.spec, plan, padded=False, compiled=run.compile != "off"
+            run.dims, run.spec, plan, False, run.engine.mode != "off", run.settings.speed
         ),
     )
     run.frames = dit_data.batch_frames(run.cache, crop)
@@ -369,10 +384,10 @@ def synchronize(device: torch.device) -> None:
 
 def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
     configure(run, crop, batch, args.ckpt)
-    run.fold = max(1, min(args.fold, args.grad_accum))
+    run.engine.fold = max(1, min(args.fold, args.grad_accum))
     device = run.device
-    if run.step_graphs is not None:  # this row's shapes: its graphs alone, counted alone
-        run.step_graphs = step_graph.StepGraphs(device)
+    if run.engine.step_graphs is not None:  # this row's shapes: its graphs alone, counted alone
+        run.engine.step_graphs = step_graph.StepGraphs(device)
     window = [tuple(range(batch))] * args.grad_accum  # one optimizer step per window
     # Every step's loss, warm-up included: rows of two compile modes from fresh runs (same seed)
     # must agree to bf16 rounding, or the faster mode computes something else.
@@ -420,9 +435,9 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
         run.fit.trained_layers,
         run.fit.ckpt_layers,
     )
-    run.prepared = None
+    run.engine.prefetched = None
     row: dict[str, Any] = {
-        "fold": run.fold,
+        "fold": run.engine.fold,
         "prefetch": args.prefetch,
         "step_ms": round(median, 2),
         "step_ms_min": round(min(times), 2),
@@ -439,8 +454,8 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
         # which LoKR kernels passed their self-checks in this process (empty for LoRA / CPU)
         "lokr_kernels": kron_kernels.verdicts(),
     }
-    if run.step_graphs is not None:  # compile step-graph: how its steps ran
-        graphs = run.step_graphs
+    if run.engine.step_graphs is not None:  # compile step-graph: how its steps ran
+        graphs = run.engine.step_graphs
         row["step_graphs"] = {
             "captures": graphs.captures,
             "replays": graphs.replays,
@@ -495,7 +510,7 @@ def _random_update(run: dit.DitRun) -> Any:
             param.grad.normal_().mul_(1e-3)
 
     def update() -> None:
-        flat_grads.clip_grads(run.params, 1.0, dit.live_flats(run))
+        flat_grads.clip_grads(run.params, 1.0, run.engine.live_flats())
         run.optimizer.step()
 
     update()  # warm (lazy state)
@@ -540,7 +555,7 @@ def profile_optimizer(run: dit.DitRun) -> dict[str, Any]:
 
     wall_ms = update_ms(run, repeats=1)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        flat_grads.clip_grads(run.params, 1.0, dit.live_flats(run))
+        flat_grads.clip_grads(run.params, 1.0, run.engine.live_flats())
         run.optimizer.step()
         synchronize(run.device)
     run.optimizer.zero_grad(set_to_none=False)  # the next profiled step starts from zero
@@ -557,9 +572,9 @@ def phase_times(run: dit.DitRun, repeats: int = 3) -> dict[str, Any]:
     up to a slower step than the pipelined one): where the host time between kernels goes."""
     window = [tuple(range(run.fit.batch))]
     phases: dict[str, list[float]] = {}
-    graphs = run.compile in dit.GRAPH_MODES
+    graphs = run.engine.graphs
     if graphs:
-        dit.keep_grads(run)  # the trainer's gradient buffers, as in its step
+        run.engine.keep_grads()  # the trainer's gradient buffers, as in its step
 
     def mark(name: str, started: float) -> float:
         synchronize(run.device)
@@ -587,10 +602,10 @@ def phase_times(run: dit.DitRun, repeats: int = 3) -> dict[str, Any]:
         t = mark("assemble_copy_forward", t)
         out.loss.backward()
         t = mark("backward", t)
-        flat_grads.clip_grads(run.params, 1.0, dit.live_flats(run))
+        flat_grads.clip_grads(run.params, 1.0, run.engine.live_flats())
         t = mark("clip", t)
         run.optimizer.step()
-        flats = dit.live_flats(run) if graphs else None  # as the trainer's step ends
+        flats = run.engine.live_flats() if graphs else None  # as the trainer's step ends
         flat_grads.zero_grads(run.optimizer, flats, set_to_none=not graphs)
         mark("optimizer", t)
         del batch
@@ -665,7 +680,8 @@ def fits(run: dit.DitRun, crop: int, batch: int, ckpt: str) -> bool:
     trained = run.fit.trained_layers
     ckpt_layers = {"off": 0, "all": trained}.get(ckpt, run.fit.ckpt_layers)
     plan = dit_vram.Plan(crop, batch, ckpt_layers, trained, CONDITION_TOKENS)
-    need = dit_vram.estimate(run.dims, run.spec, plan, False, run.compile != "off").total
+    compiled = run.engine.mode != "off"
+    need = dit_vram.estimate(run.dims, run.spec, plan, False, compiled, run.settings.speed).total
     free, total = torch.cuda.mem_get_info(run.device)
     held = torch.cuda.memory_allocated(run.device)
     # the estimate includes what the run already holds (weights, adapter, optimizer state)
@@ -755,11 +771,7 @@ def main() -> int:
     args = parse_args()
     if args.padded_frames and "flex" in args.attention.split(","):
         raise SystemExit("--attention flex ignores attention masks: not with --padded-frames")
-    adapters.KRON_MIX = args.kron_mix  # before any LoKR forward (and before compiling)
-    adapters.KRON_FORWARD = args.kron_forward
-    adapters.KRON_MERGED_MIN_TOKENS = args.kron_merged_min_tokens
-    dit.FLAT_GRADS = args.flat_grads
-    adapters.FUSED_MIX = args.fused_mix
+    args.speed = speed_options(args)  # every run's adapters and steps (`build_group`)
     # No global TF32 switch: the bench runs the trainer's own precision settings (the product
     # sets none; Muon's Newton-Schulz has its own, --muon-ns-precision).
     started = time.time()

@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dit_bench  # noqa: E402
 
 from hotstep_ray.core.storage import Storage  # noqa: E402
-from hotstep_ray.training import adapters, dit  # noqa: E402
+from hotstep_ray.training import dit  # noqa: E402
+from hotstep_ray.training.speed import SpeedOptions  # noqa: E402
 
 
 def lookup_us(adapter: str, repeat: int) -> dict[str, float]:
@@ -36,6 +37,7 @@ def lookup_us(adapter: str, repeat: int) -> dict[str, float]:
     from torch.profiler import ProfilerActivity, profile
 
     args = dit_bench.tiny_cpu_args()
+    args.speed = SpeedOptions(kron_mix="ordered")  # CUDA's factored LoKR path, read at trace time
     run = dit_bench.build_group(args, "2b", adapter, "none", "sdpa", Storage(tempfile.mkdtemp()))
     run.autocast = torch.bfloat16  # the GPU's compute path (the CPU trainer runs float32)
     dit.compile_blocks(run.transformer, "default", backend="aot_eager")
@@ -62,7 +64,6 @@ def main() -> int:
     parser.add_argument("--adapters", default="lora64,lokr512")
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    adapters.KRON_MIX = "ordered"  # CUDA's factored LoKR path, read at trace time
     rows = {}
     for adapter in args.adapters.split(","):
         torch._dynamo.reset()

@@ -111,8 +111,9 @@ def test_the_update_timing_leaves_the_adapter_and_optimizer_as_they_were():
     dit_bench = _load_bench("dit")
     params = [torch.nn.Parameter(torch.randn(32, 48)), torch.nn.Parameter(torch.randn(48))]
     optimizer = build_optimizer([("w", params[0]), ("b", params[1])])
+    engine = SimpleNamespace(live_flats=lambda: None)  # per-parameter gradients, no flat buffer
     run = SimpleNamespace(
-        params=params, optimizer=optimizer, device=torch.device("cpu"), grad_flats=None
+        params=params, optimizer=optimizer, device=torch.device("cpu"), engine=engine
     )
     for param in params:  # one real step first, so there is state to keep
         param.grad = torch.randn_like(param)

@@ -18,8 +18,9 @@ ACE-Step and reproduces the same ΔW:
   per module through peft's `alpha_pattern`, so the live scale and the exported `.alpha` agree.
 - init: LyCORIS's (`w1` Kaiming, `w2` / `w2_b` zero), so an untrained adapter is exactly zero.
 - forward: `KronLinear` runs one Linear on `W + scale · (w1 ⊗ w2)` with a backward that gives
-  only the factors' gradients (`MergedKron`, `KRON_FORWARD`), or, where that does not apply,
-  `x @ (w1 ⊗ w2)ᵀ` as two small GEMMs beside the base Linear (`kron_linear`).
+  only the factors' gradients (`MergedKron`), or, where that does not apply, `x @ (w1 ⊗ w2)ᵀ`
+  as two small GEMMs beside the base Linear (`kron_linear`); `training.speed.SpeedOptions` holds
+  the choices between those paths.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from torch.nn import functional as F
 
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.training import kron_kernels
+from hotstep_ray.training.speed import SpeedOptions
 
 ADAPTER_NAME = "default"  # peft's default; PeftModel.from_pretrained uses it too
 DIT_ATTENTION_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")  # diffusers AceStep self+cross attn
@@ -183,72 +185,12 @@ def lokr_alpha(shape: LokrShape, spec: AdapterSpec) -> float:
     return float(spec.rank) if shape.w1_full and shape.w2_full else spec.effective_alpha
 
 
-# How `kron_linear` mixes the w1 side. "gemm": a matmul with K = c (4 on 2B, 5 on XL), which
-# cuBLAS runs with unaligned low-occupancy kernels (the LoKR step's largest kernel on an H200),
-# then a transpose copy of the output. "pointwise": `KronMix`, c multiply-adds per output that
-# torch.compile fuses into one pass, with the w1 gradient as one split-K GEMM. "ordered": the
-# pointwise mix on whichever side makes the w2 GEMM smaller: w1 first when a <= c (the GEMM
-# then costs tokens·a·d·b instead of tokens·c·d·b and writes the output in its final layout;
-# 2B: every attention projection and the MLP's down), else w2 first as "pointwise". Same math.
-# Measured (H200, 2B, LoKR 512, 6000 frames, batch 2, CUDA graphs; bench/dit_bench.py
-# --kron-mix; docs/BENCHMARKS.md, eighth device run): gemm 275.7 ms per step, ordered 214.2,
-# ordered with the w1 gradient as a batched GEMM per token (`w1_grad`) 202.0. On the CPU the GEMM mix is the
-# faster (a tiny DiT layer on 2 cores: 285 vs 352 us per forward + backward, same section), so
-# "auto" picks "ordered" for CUDA tensors and "gemm" otherwise. `MergedKron`'s backward reuses
-# the same choice for its one w1 mix (`_mix`); only the factored forward was timed per mix.
-KRON_MIX = "auto"
-KRON_MIXES = ("gemm", "pointwise", "ordered")  # the concrete mixes; KRON_MIX may also be "auto"
-
-
-def kron_mix(x: torch.Tensor) -> str:
-    """The mix `kron_linear` runs for input `x` (KRON_MIX, "auto" resolved by device)."""
-    if KRON_MIX != "auto":
-        return KRON_MIX
+def kron_mix(x: torch.Tensor, mode: str = "auto") -> str:
+    """The w1 mix `kron_linear` runs for input `x`: `mode` (`SpeedOptions.kron_mix`), with
+    "auto" resolved by device ("ordered" on CUDA, "gemm" elsewhere)."""
+    if mode != "auto":
+        return mode
     return "ordered" if x.is_cuda else "gemm"
-
-
-# How `KronLinear` runs a trained LoKR: "factored" adds `kron_linear`'s output to the base
-# Linear's; "merged" runs one Linear with `W + scale · (w1 ⊗ w2)`, built per call (`MergedKron`).
-# Per adapted Linear, in base-GEMM units with f = max(a, c) (w1 [a, c]; 4 on most 2B layers):
-# factored = forward 1 + 1/f plus a mix pass, backward 1 (dx) + 2/f plus mix passes; merged =
-# forward 1, backward 1 (dx through the merged weight) + 2/f (w2's gradient and the GEMM behind
-# w1's) plus one mix pass, and two passes over W to build W' (forward and backward).
-# H200, 2B LoKR 512 at 6000 frames, batch 2, CUDA graphs, bf16: factored 197.89 ms per step at
-# 26.15 GiB reserved, merged 170.99 ms at 20.88 GiB (LoRA r64: 155.57 ms, 20.34 GiB); bench/
-# dit_bench.py --kron-forward, docs/BENCHMARKS.md. Merged rounds W + ΔW to bf16 in the forward
-# where factored rounds the two outputs' sum; a bf16 toy fit stays as close to float32 either way
-# (tests/training/test_kron_merged.py).
-KRON_FORWARD = "merged"
-KRON_FORWARDS = ("factored", "merged")
-# Rows of x (all leading axes: batch × tokens) below which "merged" keeps the factored path.
-# Building W' moves ~2 weights of memory (read W, write W'; again in the backward) for the
-# 1/f-base GEMM it saves (f = 4: rows · in · out / 2 FLOPs): on an H200 (4.8 TB/s, ~700 TFLOP/s
-# bf16) the two meet near 1200 rows: arithmetic. Measured lower once the step was not host-bound
-# (H200, 2B LoKR 512, compile step-graph, one machine; BENCHMARKS, fifteenth run): at a 1500-frame
-# crop, batch 1 (750 rows) merged 38.80 ms per step against factored 42.85 (LoRA r64: 40.43); at
-# 750 frames (375 rows) factored LoKR already led LoRA (34.98 vs 35.73 ms), so 512 keeps it.
-# A decode step (1-2 rows) would otherwise rebuild every weight per token. The DiT's rows are
-# batch × frames / 2 (patch 2): a 240 s crop 3000 per song, the recipe's 1248-frame crop 624
-# (2496 with its 4 micro-batches folded, as on CUDA); the cross-attention K/V see batch ×
-# condition tokens (769 in the bench); the LM's rows are ~1700 per 240 s song.
-KRON_MERGED_MIN_TOKENS = 512
-
-
-# Whether `MergedKron`'s backward takes w1's pair sums and w2's mix from one kernel pass
-# (`kron_kernels.pair_partials_mix`), saving a read of one activation-sized operand per adapted
-# Linear: ~7.7 GB per 2B batch-2 step at 6000 frames (arithmetic: dy of the six 2048-wide
-# attention projections and of gate/up, x of down, 24 blocks). Measured on the H200 (BENCHMARKS,
-# thirteenth run): 2B LoKR 512 at batch 2 150.4-150.6 ms fused against 158.8 ms with the torch mix
-# (LoRA r64 155.0-157.6); the kernel alone 2.1-3.7x faster than kernel + separate mix at the 2B's
-# shapes; its bf16 self-checks passed at the 2B's and XL's shapes (XL's in the XL step rows).
-# `dit_bench --no-fused-mix` is the A/B.
-FUSED_MIX = True
-
-
-def kron_merges(rows: int) -> bool:
-    """Whether a LoKR Linear whose input has `rows` rows (all leading axes) takes the merged
-    forward (KRON_FORWARD, KRON_MERGED_MIN_TOKENS); the VRAM model asks the same question."""
-    return KRON_FORWARD == "merged" and rows >= KRON_MERGED_MIN_TOKENS
 
 
 def mix_rows(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -305,11 +247,11 @@ def _merged_weight(
     return weight + torch.kron(w1 * scale, w2)
 
 
-def _mix(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def _mix(h: torch.Tensor, w: torch.Tensor, mode: str) -> torch.Tensor:
     """`[..., a, n]` = w `[a, c]` applied over the c axis of h `[..., c, n]`: `mix_rows`'s
     pointwise multiply-adds where `kron_mix` picks a pointwise mix (CUDA), one broadcast matmul
     where it picks "gemm" (the CPU; also no a·c-op trace for a large w1)."""
-    return torch.matmul(w, h) if kron_mix(h) == "gemm" else mix_rows(h, w)
+    return torch.matmul(w, h) if kron_mix(h, mode) == "gemm" else mix_rows(h, w)
 
 
 class MergedKron(torch.autograd.Function):
@@ -321,7 +263,8 @@ class MergedKron(torch.autograd.Function):
     With dy viewed `[tokens, a, b]` and x `[tokens, c, d]`: dx = dy · W'; dw2 = scale ·
     Σ_t (w1ᵀ dy_t)ᵀ x_t, or Σ_t dy_tᵀ (w1 x_t) when a < c (the mix on the fewer row blocks);
     dw1[i, j] = scale · Σ over tokens and columns of dy_i · (x_j w2ᵀ), or of (dy_i w2) · x_j
-    when a < c (the smaller GEMM)."""
+    when a < c (the smaller GEMM). `mix` and `fused_mix`: the backward's `SpeedOptions`
+    choices (`kron_mix`, `fused_mix`)."""
 
     @staticmethod
     def forward(
@@ -332,17 +275,19 @@ class MergedKron(torch.autograd.Function):
         w1: torch.Tensor,
         w2: torch.Tensor,
         scale: float,
+        mix: str = "auto",
+        fused_mix: bool = True,
     ) -> torch.Tensor:
         if weight.requires_grad:  # refused before any work: the backward has no dW
             raise NotImplementedError("MergedKron: the base weight must be frozen")
         ctx.save_for_backward(x, weight, w1, w2)
-        ctx.scale = scale
+        ctx.scale, ctx.mix, ctx.fused_mix = scale, mix, fused_mix
         return F.linear(x, _merged_weight(weight, w1, w2, scale), bias)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, weight, w1, w2 = ctx.saved_tensors
-        scale = ctx.scale
+        scale, mix = ctx.scale, ctx.mix
         (a, c), (b, d) = w1.shape, w2.shape
         dx = dbias = dw1 = dw2 = None
         if ctx.needs_input_grad[0]:
@@ -361,7 +306,7 @@ class MergedKron(torch.autograd.Function):
         mixed = None
         if need_w1:
             lhs, rhs = (rows @ w2, cols) if mix_x else (rows, cols @ w2.t())
-            if need_w2 and fuses_mix(rows, cols):  # the mix from the pair sums' own pass
+            if need_w2 and fuses_mix(rows, cols, ctx.fused_mix):  # from the pair sums' pass
                 m, side = (w1, 2) if mix_x else (w1.t(), 1)
                 partials, mixed = kron_kernels.pair_partials_mix(lhs, rhs, m, side)
                 dw1 = partials.sum(0)
@@ -370,20 +315,20 @@ class MergedKron(torch.autograd.Function):
             dw1 = (dw1 * scale).to(w1.dtype)
         if need_w2:
             if mixed is None:
-                mixed = _mix(cols, w1) if mix_x else _mix(rows, w1.t())
+                mixed = _mix(cols, w1, mix) if mix_x else _mix(rows, w1.t(), mix)
             if mix_x:  # mixed [tokens, a, d]
                 dw2 = (rows.reshape(-1, b).t() @ mixed.reshape(-1, d)) * scale
             else:  # mixed [tokens, c, b]
                 dw2 = (mixed.reshape(-1, b).t() @ cols.reshape(-1, d)) * scale
-        return dx, None, dbias, dw1, dw2, None
+        return dx, None, dbias, dw1, dw2, None, None, None
 
 
-def fuses_mix(rows: torch.Tensor, cols: torch.Tensor) -> bool:
+def fuses_mix(rows: torch.Tensor, cols: torch.Tensor, fused_mix: bool = True) -> bool:
     """Whether `MergedKron`'s backward takes w1's pair sums and w2's mix from one kernel pass
     (`kron_kernels.pair_partials_mix`) for dy's rows `[tokens, a, b]` and x's `[tokens, c, d]`:
-    FUSED_MIX and the kernel's own conditions (the op still falls back to torch where its
-    self-check fails)."""
-    return FUSED_MIX and kron_kernels.kernel_applies(rows, cols)
+    `fused_mix` (`SpeedOptions`) and the kernel's own conditions (the op still falls back to
+    torch where its self-check fails)."""
+    return fused_mix and kron_kernels.kernel_applies(rows, cols)
 
 
 def kron_linear(
@@ -391,17 +336,19 @@ def kron_linear(
     w1: torch.Tensor,
     w2: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     scale: float = 1.0,
+    mix: str = "auto",
 ) -> torch.Tensor:
     """`x @ (scale · w1 ⊗ w2)ᵀ` without building the `[a·b, c·d]` Kronecker product.
 
-    x `[..., c·d]`, w1 `[a, c]`, w2 `[b, d]` or its factors `(w2_a [b, r], w2_b [r, d])`.
+    x `[..., c·d]`, w1 `[a, c]`, w2 `[b, d]` or its factors `(w2_a [b, r], w2_b [r, d])`; `mix`
+    the w1 mix (`SpeedOptions.kron_mix`).
     With X = x viewed `[..., c, d]`: (w1 ⊗ w2) x = vec(w1 · X · w2ᵀ), row-major. Each contraction
     keeps the 2-D weight on the right, so torch folds every leading axis into one GEMM.
     """
     a, c = w1.shape
     lead = x.shape[:-1]
     h = x.reshape(*lead, c, -1)  # [..., c, d]
-    mix = kron_mix(x)
+    mix = kron_mix(x, mix)
     if mix == "ordered" and a <= c:  # (w1 · X) · w2ᵀ: the GEMM's output is [..., a, b]
         u = KronMix.apply(h, w1)  # [..., a, d]
         y = u @ w2[1].T @ w2[0].T if isinstance(w2, tuple) else u @ w2.T
@@ -422,7 +369,10 @@ def kron_linear(
 
 class KronLinear(PeftLoKrLinear):
     """peft's LoKr Linear with our forwards (`MergedKron`, or the factored `kron_linear`);
-    merge/ΔW keep peft's materialised path."""
+    merge/ΔW keep peft's materialised path. `speed` picks between them (`inject` and
+    `set_speed` set it; the class default until then)."""
+
+    speed: SpeedOptions = SpeedOptions()
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         """peft's forward without its module-dropout coin. In training peft gates every adapter
@@ -465,7 +415,7 @@ class KronLinear(PeftLoKrLinear):
             w2 = tuple(w.to(compute) for w in w2) if isinstance(w2, tuple) else w2.to(compute)
         else:
             x = self._cast_input_dtype(input, w1.dtype)
-        return kron_linear(x, w1, w2, self.scaling[adapter_name])
+        return kron_linear(x, w1, w2, self.scaling[adapter_name], self.speed.kron_mix)
 
     def _factors(
         self, adapter_name: str
@@ -482,16 +432,16 @@ class KronLinear(PeftLoKrLinear):
         return w1, w2
 
     def _merged_forward(self, adapter_name: str, x: torch.Tensor) -> torch.Tensor | None:
-        """`MergedKron` (KRON_FORWARD "merged") in the autocast dtype, or in the one dtype that
-        x, the base weight and the factors share; None where it does not apply (rank dropout in
-        training, a base that is not a frozen nn.Linear, mixed dtypes without autocast, fewer
-        than KRON_MERGED_MIN_TOKENS rows of x)."""
+        """`MergedKron` (`speed.kron_forward` "merged") in the autocast dtype, or in the one
+        dtype that x, the base weight and the factors share; None where it does not apply (rank
+        dropout in training, a base that is not a frozen nn.Linear, mixed dtypes without
+        autocast, fewer than `speed.kron_merged_min_tokens` rows of x)."""
         base = self.base_layer
         if (
             (self.training and self.rank_dropout[adapter_name])
             or type(base) is not nn.Linear
             or base.weight.requires_grad
-            or not kron_merges(math.prod(x.shape[:-1]))
+            or not self.speed.kron_merges(math.prod(x.shape[:-1]))
         ):
             return None
         w1, w2 = self._factors(adapter_name)
@@ -511,6 +461,8 @@ class KronLinear(PeftLoKrLinear):
                 w1.to(compute),
                 w2.to(compute),
                 self.scaling[adapter_name],
+                self.speed.kron_mix,
+                self.speed.fused_mix,
             )
         return y.to(x.dtype)
 
@@ -529,8 +481,9 @@ class _KronLoKrModel(LoKrModel):
 
 
 # -- inject --------------------------------------------------------------------------------------
-def inject(model: nn.Module, spec: AdapterSpec) -> nn.Module:
-    """Wrap the target Linears of `model` in place and freeze every other parameter."""
+def inject(model: nn.Module, spec: AdapterSpec, speed: SpeedOptions | None = None) -> nn.Module:
+    """Wrap the target Linears of `model` in place and freeze every other parameter; LoKR layers
+    run with `speed` (default `SpeedOptions()`)."""
     if has_adapter(model) or any(True for _ in tuner_layers(model)):
         raise InputError("model already carries an adapter")
     paths = resolve_targets(model, spec)
@@ -564,8 +517,18 @@ def inject(model: nn.Module, spec: AdapterSpec) -> nn.Module:
     if spec.adapter_dtype == "float32":
         for param in adapter_parameters(model).values():
             param.data = param.data.float()
+    if speed is not None:
+        set_speed(model, speed)
     setattr(model, _INFO_ATTR, InjectedAdapter(spec=spec, paths=tuple(paths)))
     return model
+
+
+def set_speed(model: nn.Module, speed: SpeedOptions) -> None:
+    """Run every LoKR layer of `model` with `speed` (a compiled block recompiles on its next
+    call: Dynamo guards the value). LoRA layers have no such choices."""
+    for _, layer in tuner_layers(model):
+        if isinstance(layer, KronLinear):
+            layer.speed = speed
 
 
 def has_adapter(model: nn.Module) -> bool:

@@ -34,14 +34,12 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
-from hotstep_ray import __version__
 from hotstep_ray.core import layout
 from hotstep_ray.core.contracts import LATENT_HZ, TrainDitOptions, schedule_steps
 from hotstep_ray.core.errors import InputError
@@ -56,19 +54,30 @@ from hotstep_ray.training import (
     dit_loss,
     dit_vram,
     export,
-    flat_grads,
-    kron_kernels,
-    step_graph,
 )
 from hotstep_ray.training.accumulate import micro_batch_weights
 from hotstep_ray.training.adapters import AdapterSpec
 from hotstep_ray.training.checkpoint import load_checkpoint, model_fingerprint, save_checkpoint
+from hotstep_ray.training.dit_data import resolve_dit_folder  # noqa: F401  (re-exported)
+from hotstep_ray.training.dit_log import (  # noqa: F401  (FORMAT, runtime_info: re-exported)
+    FORMAT,
+    LOG_FILE,
+    PRODUCER,
+    resolved_config,
+    runtime_info,
+    write_log,
+)
+from hotstep_ray.training.engine import (  # noqa: F401  (compile_mode, graph_mode: re-exported)
+    GRAPH_MODES,
+    StepEngine,
+    StepWork,
+    compile_mode,
+    graph_mode,
+)
 from hotstep_ray.training.optim import HybridOptimizer, build_optimizer
 from hotstep_ray.training.schedule import LrSchedule, MilestoneTracker, StopRule
+from hotstep_ray.training.speed import SpeedOptions
 
-FORMAT = "hotstep-ray-dit-train-v1"
-PRODUCER = f"hotstep-ray {__version__} dit trainer"
-LOG_FILE = "dit_train_log.json"
 CHECKPOINT_DIR = "checkpoint"
 MILESTONE_DIR = "milestones"
 MA_WINDOW = 5
@@ -100,6 +109,11 @@ class DitSettings:
     resume: str | None = None  # storage key of a checkpoint folder to continue from
     rank: int = 0
     world_size: int = 1
+    speed: SpeedOptions = field(default_factory=SpeedOptions)  # adapter forwards, flat gradients
+
+    def __post_init__(self) -> None:
+        if isinstance(self.speed, dict):  # `ray_dit` ships the settings as `asdict`'s dict
+            self.speed = SpeedOptions(**self.speed)
 
 
 FOLD_MODES = ("auto", "on", "off")
@@ -167,12 +181,7 @@ class DitRun:
     checkpoint_hook: Callable[[DitRun], None] | None = None
     holdout: Any = None  # calibration.holdout.HoldoutEval when songs are held out
     params: list[torch.nn.Parameter] = field(default_factory=list)  # the trainable adapter
-    compile: str = "off"  # the resolved compile mode of the blocks
-    fold: int = 1  # micro-batches of a window run as one (`fold_factor`)
-    graph_steps: int = 0  # steps run with CUDA graphs so far in this process (`guarded_step`)
-    grad_flats: flat_grads.FlatGrads | None = None  # the CUDA-graph step's gradient buffers
-    step_graphs: step_graph.StepGraphs | None = None  # compile "step-graph": one per input shape
-    prepared: PreparedWindow | None = None  # the next step's inputs, made during this backward
+    engine: StepEngine = field(init=False)  # how steps run: compile mode, graphs, fold, prefetch
     started: float = field(default_factory=time.time)
 
     @property
@@ -201,37 +210,6 @@ class DitResult:
 
 
 # =============================================================================== setup
-
-
-def resolve_dit_folder(
-    meta: dict[str, Any], variant_key: str, dit_folder: str | None, checkpoints_dir: str | None
-) -> Path:
-    """The base DiT comes from the cache's `preprocess_meta.json` (the model the tensors were made
-    with), not from the request: an explicit folder, else the recorded `models.dit` / `dit_path`,
-    else `dit_model`/`model_variant` under the checkpoints folder, else
-    `<checkpoints>/<variant_key>` or `acestep-v15-<variant_key>`."""
-    tried: list[str] = []
-    candidates: list[Path] = []
-    if dit_folder:
-        candidates.append(Path(dit_folder))
-    models = meta.get("models") if isinstance(meta.get("models"), dict) else {}
-    for recorded in (meta.get("dit_path"), models.get("dit")):
-        if recorded:
-            candidates.append(Path(str(recorded)))
-    if checkpoints_dir:
-        root = Path(checkpoints_dir)
-        for name_key in ("dit_model", "model_variant", "dit"):
-            if meta.get(name_key):
-                candidates.append(root / Path(str(meta[name_key])).name)
-        candidates += [root / variant_key, root / f"acestep-v15-{variant_key}"]
-    for folder in candidates:
-        tried.append(str(folder))
-        if folder.is_dir():
-            return folder
-    raise InputError(
-        "cannot find the DiT these tensors were made with; tried "
-        + (", ".join(tried) or "nothing (give --checkpoints or --dit)")
-    )
 
 
 def _device(settings: DitSettings) -> torch.device:
@@ -313,7 +291,7 @@ def setup(
         from hotstep_ray.calibration import holdout
 
         cache, held, split = holdout.split_cache(cache, options.holdout_fraction, options.seed)
-    folder = resolve_dit_folder(
+    folder = dit_data.resolve_dit_folder(
         cache.meta, options.variant_key, settings.dit_folder, settings.checkpoints_dir
     )
     # Loaded on the CPU: `prepare` moves only the transformer (and the null condition) over.
@@ -358,6 +336,7 @@ def prepare(
         condition_len=cache.condition_len,
         budget_bytes=_budget_bytes(settings, options, device),
         compiled=mode != "off",
+        speed=settings.speed,
     )
     if settings.fold_accum not in FOLD_MODES:
         raise InputError(f"fold_accum {settings.fold_accum!r}: expected auto, on or off")
@@ -367,7 +346,7 @@ def prepare(
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(dit_data.derived_seed(options.seed, "adapter-init"))
-        adapters.inject(models.transformer, spec)
+        adapters.inject(models.transformer, spec, settings.speed)
     _install_checkpointing(models.transformer, fit.ckpt_layers, fit.trained_layers)
     models.transformer.train()  # LoRA dropout; the DiT itself has none (attention_dropout 0)
 
@@ -449,10 +428,22 @@ def prepare(
             "first step of each new crop/batch shape compiles (about a minute), then steps run "
             "at full speed",
         )
-    run.compile = mode
-    if mode == "step-graph":
-        run.step_graphs = step_graph.StepGraphs(device)
-    run.fold = fold_factor(run)
+    run.engine = StepEngine(
+        params=run.params,
+        optimizer=optimizer,
+        set_lr=lambda step: run.schedule.apply(run.optimizer, step),
+        prepare=lambda window, step: prepare_window(run, window, step),
+        work=lambda prepared: step_work(run, prepared),
+        loss=lambda inputs, shared, cast_cache: group_loss(run, inputs, shared, cast_cache),
+        device=device,
+        mode=mode,
+        speed=settings.speed,
+        world_size=settings.world_size,
+        grad_clip=options.grad_clip,
+        recompile=lambda mode: compile_blocks(run.transformer, mode),
+        log=lambda message, level: _log(run, message, level),
+    )
+    run.engine.fold = fold_factor(run)
     return run
 
 
@@ -469,40 +460,9 @@ def fold_factor(run: DitRun) -> int:
         run.options.grad_accum,
         run.cache.condition_len,
         run.fit.budget,
-        compiled=run.compile != "off",
+        compiled=run.engine.mode != "off",
+        speed=run.settings.speed,
     )
-
-
-def compile_mode(requested: str, device: torch.device) -> str:
-    """`auto` is `default` on CUDA (H200, 2B LoRA r64, 6000 frames: 529 -> 216 ms per step;
-    `compiling.with_graphs` then adds CUDA graphs when nothing is checkpointed) and `off` elsewhere;
-    compiling is refused off CUDA (`training.compiling`). Compiled CUDA code matches eager (8e-7
-    in float32; bench/dit_compile_check.py). `step-graph` (DiT only): blocks compiled as
-    `default`, each step's forwards and backwards captured whole (`training.step_graph`)."""
-    if requested == "step-graph":
-        if device.type != "cuda":
-            raise InputError(
-                f"compile 'step-graph' needs a CUDA device, this run is on {device}: it "
-                "captures CUDA graphs; use compile off or auto on the CPU"
-            )
-        return requested
-    return compiling.resolve_mode(requested, device, "the DiT blocks")
-
-
-def graph_mode(requested: str, mode: str, ckpt_layers: int, lora_dropout: float) -> str:
-    """The blocks' mode once the fit is known. `auto` on CUDA: "step-graph" when no layer is
-    checkpointed and no adapter dropout draws inside the step, else `compiling.with_graphs`'s
-    choice. H200, 2B, one machine per pair (docs/BENCHMARKS.md, fifteenth run), step-graph
-    against per-block graphs: LoKR 512 at 750 x 1 37.90 vs 52.03 ms, LoRA r64 37.57 vs 46.83;
-    the recipe's path (crop 1248, 4 micro-batches folded) 62.01 vs 65.62; a 240 s song 81.74
-    vs 84.45. Checkpointed layers and dropout also make an explicit "step-graph" "default"."""
-    mode = compiling.with_graphs(requested, mode, ckpt_layers)
-    capturable = ckpt_layers == 0 and lora_dropout == 0
-    if requested == "auto" and mode == "reduce-overhead" and capturable:
-        return "step-graph"
-    if mode == "step-graph" and not capturable:
-        return "default"
-    return mode
 
 
 def compile_blocks(transformer: torch.nn.Module, mode: str, backend: str = "inductor") -> None:
@@ -582,9 +542,9 @@ def _announce(run: DitRun) -> None:
         f"batch {run.fit.batch}, {run.fit.ckpt_layers} layers checkpointed, "
         f"optimizer {run.options.optimizer} ({split}), {run.schedule.total_steps} steps"
         + (
-            f"; each step's {run.options.grad_accum} micro-batches run {run.fold} at a time "
-            f"(batch {run.fit.batch * run.fold} per forward, same loss)"
-            if run.fold > 1
+            f"; each step's {run.options.grad_accum} micro-batches run {run.engine.fold} at a "
+            f"time (batch {run.fit.batch * run.engine.fold} per forward, same loss)"
+            if run.engine.fold > 1
             else ""
         )
     )
@@ -656,10 +616,10 @@ def fold_groups(micro_batches: int, fold: int) -> list[range]:
 
 @dataclass
 class PreparedWindow:
-    """A window's draws and its forwards' inputs assembled on the host: what `optimizer_step`
-    makes for the next step while the GPU still runs this step's backward, so the gap between
-    two steps' kernels holds no host assembly (on CUDA the tensors are pinned, so the copy at
-    the next step's start does not wait for the stream)."""
+    """A window's draws and its forwards' inputs assembled on the host: what the engine makes
+    for the next step while the GPU still runs this step's backward, so the gap between two
+    steps' kernels holds no host assembly (on CUDA the tensors are pinned, so the copy at the
+    next step's start does not wait for the stream)."""
 
     step: int
     window: list[tuple[int, ...]]
@@ -670,7 +630,7 @@ class PreparedWindow:
 def prepare_window(run: DitRun, window: list[tuple[int, ...]], step: int) -> PreparedWindow:
     draws = draw_window(run, window, step)
     host = []
-    for group in fold_groups(len(window), run.fold):
+    for group in fold_groups(len(window), run.engine.fold):
         crops = [c for i in group for c in draws.crops[i]]
         # pinned on CUDA (torch's host cache reuses the blocks): its copy to the GPU does not
         # wait for the stream to drain
@@ -680,13 +640,6 @@ def prepare_window(run: DitRun, window: list[tuple[int, ...]], step: int) -> Pre
     return PreparedWindow(step, list(window), draws, host)
 
 
-def _take_prepared(run: DitRun, window: list[tuple[int, ...]], step: int) -> PreparedWindow:
-    ready, run.prepared = run.prepared, None
-    if ready is not None and ready.step == step and ready.window == list(window):
-        return ready
-    return prepare_window(run, window, step)
-
-
 def micro_batch_loss(
     run: DitRun,
     crops: list[dit_data.Crop],
@@ -694,14 +647,11 @@ def micro_batch_loss(
     cfg_drop: torch.Tensor,
     weights: torch.Tensor,
     noise_seeds: list[tuple[tuple[Any, ...], int]],
-    host: TrainBatch | None = None,
 ) -> dit_loss.LossOutput:
-    """Assemble (unless `host`, the crops already assembled), move and run one micro-batch (no
-    backward). `noise_seeds`: (seed parts, rows) per planned micro-batch it holds, so a folded
-    one draws the same noise row for row."""
-    if host is None:
-        host = dit_data.assemble(run.cache, crops, run.frames)
-    batch = dit_data.batch_to(host, run.device)
+    """Assemble, move and run one micro-batch (no backward; the tests and the bench). `noise_seeds`:
+    (seed parts, rows) per planned micro-batch it holds, so a folded one draws the same noise row
+    for row."""
+    batch = dit_data.batch_to(dit_data.assemble(run.cache, crops, run.frames), run.device)
     noise = draw_noise(run, noise_seeds, batch.target_latents.shape[1:])
     return micro_batch_forward(run, batch, t, noise, cfg_drop, weights, run.loss.channel_weights)
 
@@ -754,44 +704,39 @@ def micro_batch_forward(
         )
 
 
-def _all_reduce_grads(params: list[torch.nn.Parameter], world_size: int) -> None:
-    """Average gradients over the workers in one flat all-reduce (data parallelism)."""
-    import torch.distributed as dist
-
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    flat /= world_size
-    offset = 0
-    for param, grad in zip(params, grads, strict=True):
-        count = grad.numel()
-        param.grad = flat[offset : offset + count].view_as(grad)
-        offset += count
+# A fold group's inputs as the engine takes them: the TrainBatch fields, then t, cfg_drop,
+# weights and noise; the one shared input is the channel weights.
+_BATCH_FIELDS = tuple(f.name for f in dataclasses.fields(TrainBatch))
 
 
-@dataclass
-class StepResult:
-    loss: float
-    raw_loss: float
-    grad_norm: float
-    lr_factor: float
-    samples: int
-    frames: int
-    ms: float
-    finite: bool
+def step_work(run: DitRun, prepared: PreparedWindow) -> StepWork:
+    """A prepared window as the engine's work: the draws are made per planned micro-batch, and
+    `fold` of them run as one forward, weighted by its share of the window's samples; the noise
+    is drawn here, on the device."""
+    draws, window, step, rank = prepared.draws, prepared.window, prepared.step, run.settings.rank
+    groups = fold_groups(len(window), run.engine.fold)
+    inputs = []
+    for group, host in zip(groups, prepared.host, strict=True):
+        seeds = [((run.options.seed, "noise", step, rank, i), len(window[i])) for i in group]
+        inputs.append(
+            [
+                *(getattr(host, name) for name in _BATCH_FIELDS),
+                torch.cat([draws.t[i] for i in group]),
+                torch.cat([draws.cfg_drop[i] for i in group]),
+                torch.cat([draws.weights[i] for i in group]),
+                draw_noise(run, seeds, host.target_latents.shape[1:]),
+            ]
+        )
+    shares = micro_batch_weights([sum(len(window[i]) for i in group) for group in groups])
+    key = input_shapes(prepared, run.engine.fold, run.transformer.training)
+    return StepWork(inputs, shares, [run.loss.channel_weights], key)
 
 
-GRAPH_TRIAL_STEPS = 3  # CUDA-graph trees warm up, record, then replay: a fault shows by step 3
-GRAPH_MODES = ("reduce-overhead", "step-graph")  # steps that replay CUDA graphs
-# The CUDA-graph step's gradients as views of one flat buffer (`FlatGrads`); False keeps one
-# buffer per parameter (`compiling.stable_grads`) and torch's per-tensor clip, for the bench's
-# A/B (`dit_bench --no-flat-grads`). H200, 2B, 240 s, batch 1, graph-replayed steps: no change
-# beyond the rows' spread (LoKR 512 94.98 flat / 91.93 lists, LoRA r64 93.85 / 93.35 ms; twelfth
-# device run): the clip's host time overlaps the queued GPU work. LoKR's synchronised clip phase
-# (`dit_bench --profile`) went 5.6 ms (lists, batch 1) -> 1.06 ms (flat, batch 2). On the CPU,
-# torch's clip over 528 16 x 16 gradients on one thread takes 1.6 ms of host time, the flat one
-# 0.035 ms (the flat_grads module docstring has the command).
-FLAT_GRADS = True
+def group_loss(run: DitRun, inputs: list, shared: list, cast_cache: bool) -> dit_loss.LossOutput:
+    """One fold group's loss from its `step_work` inputs on the device."""
+    batch = TrainBatch(**dict(zip(_BATCH_FIELDS, inputs, strict=False)))
+    t, cfg_drop, weights, noise = inputs[len(_BATCH_FIELDS) :]
+    return micro_batch_forward(run, batch, t, noise, cfg_drop, weights, shared[0], cast_cache)
 
 
 def input_shapes(prepared: PreparedWindow, fold: int, training: bool) -> tuple:
@@ -806,52 +751,24 @@ def input_shapes(prepared: PreparedWindow, fold: int, training: bool) -> tuple:
     return (tuple(signature(batch) for batch in prepared.host), fold, training)
 
 
+@dataclass
+class StepResult:
+    loss: float
+    raw_loss: float
+    grad_norm: float
+    lr_factor: float
+    samples: int
+    frames: int
+    ms: float
+    finite: bool
+
+
 def guarded_step(
     run: DitRun, window: list[tuple[int, ...]], next_window: list[tuple[int, ...]] | None = None
 ) -> StepResult:
-    """`optimizer_step`; when one of the first steps fails with CUDA graphs on, the blocks are
-    recompiled without graphs and the step is redone (its draws are a function of the seed and
-    the step, so the redo is the same step). A speed option never ends a run; running out of
-    memory is not a graph fault and still raises."""
-    if run.compile not in GRAPH_MODES or run.graph_steps >= GRAPH_TRIAL_STEPS:
-        return optimizer_step(run, window, next_window)
-    try:
-        result = optimizer_step(run, window, next_window)
-    except torch.cuda.OutOfMemoryError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any capture/replay fault: fall back
-        _log(
-            run,
-            f"CUDA graphs failed at step {run.state.step + 1} ({type(exc).__name__}: {exc}); "
-            "continuing with compiled blocks without graphs",
-            "warn",
-        )
-        import torch._dynamo as dynamo
-
-        run.optimizer.zero_grad(set_to_none=True)
-        run.grad_flats = None  # plain compiled steps let autograd allocate gradients per step
-        run.step_graphs = None
-        dynamo.reset()
-        compile_blocks(run.transformer, "default")
-        run.compile = "default"
-        return optimizer_step(run, window, next_window)
-    run.graph_steps += 1
-    return result
-
-
-def keep_grads(run: DitRun) -> None:
-    """A CUDA-graph step's gradient buffers, outside the graph pool and kept across micro-batches
-    and steps: views of one flat buffer (`FlatGrads`, attached again if something dropped them),
-    or with FLAT_GRADS off one buffer per parameter (`compiling.stable_grads`)."""
-    if not FLAT_GRADS:
-        compiling.stable_grads(run.params)
-    elif run.grad_flats is None or not run.grad_flats.backs():
-        run.grad_flats = flat_grads.FlatGrads(run.params)
-
-
-def live_flats(run: DitRun) -> flat_grads.FlatGrads | None:
-    """The run's flat gradient buffer while every gradient is its view (`flat_grads.live`)."""
-    return flat_grads.live(run.grad_flats if FLAT_GRADS else None)
+    """`optimizer_step`, redone without CUDA graphs when they fail in one of the first steps
+    (`StepEngine.guarded`)."""
+    return run.engine.guarded(run.state.step, lambda: optimizer_step(run, window, next_window))
 
 
 def optimizer_step(
@@ -859,170 +776,31 @@ def optimizer_step(
     window: list[tuple[int, ...]],
     next_window: list[tuple[int, ...]] | None = None,
 ) -> StepResult:
-    """One optimizer step over `grad_accum` micro-batches (see the module docstring).
-    `next_window`: the next step's window, whose inputs are prepared while this step's backward
-    runs on the GPU (`PreparedWindow`); the draws are a function of (seed, step), so they are
-    the ones that step would make itself."""
+    """One optimizer step over `grad_accum` micro-batches (see the module docstring), run by the
+    engine. `next_window`: the next step's window, whose inputs are prepared while this step's
+    backward runs on the GPU."""
     started = time.perf_counter()
     step, rank = run.state.step, run.settings.rank
-    # CUDA graphs: a new step (the last step's graph outputs are dead), and gradients that live
-    # in buffers of their own across the micro-batches (`compiling.stable_grads`), as views of
-    # one flat buffer (`FlatGrads`: clip, zeroing and all-reduce are then a few kernels).
-    graphs = run.compile in GRAPH_MODES
-    if run.compile == "reduce-overhead":
-        torch.compiler.cudagraph_mark_step_begin()
     if run.spec.dropout > 0:  # peft's dropout draws from the global RNG
         torch.manual_seed(dit_data.derived_seed(run.options.seed, "dropout", step, rank))
-    prepared = _take_prepared(run, window, step)
-    draws = prepared.draws
-    params = run.params
-    if graphs:  # buffers zeroed by the previous step's end, or new zeros
-        keep_grads(run)
-    else:
-        run.optimizer.zero_grad(set_to_none=True)
-    # The draws are made per planned micro-batch; `run.fold` of them then run as one.
-    groups = fold_groups(len(window), run.fold)
-    shares = micro_batch_weights([sum(len(window[i]) for i in group) for group in groups])
-    frames = sum(crop.frames for crops in draws.crops for crop in crops)
-    # the graphs add into the flat buffers they were captured with (`StepGraphs.bind`); with
-    # FLAT_GRADS off, the data-parallel all-reduce would swap every .grad under them
-    if run.step_graphs is not None and graphs and FLAT_GRADS:
-        loss_sum, raw_sum = captured_window(run, groups, shares, prepared)
-    else:
-        loss_sum, raw_sum = _window_losses(run, groups, shares, prepared)
-    if next_window is not None:  # host work in the shadow of the queued backward
-        run.prepared = prepare_window(run, next_window, step + 1)
-    flats = live_flats(run) if graphs else None
-    if run.settings.world_size > 1:
-        if flats is not None:
-            flats.all_reduce_(run.settings.world_size)
-        else:
-            _all_reduce_grads(params, run.settings.world_size)
-    clip = run.options.grad_clip if run.options.grad_clip > 0 else math.inf
-    norm = flat_grads.clip_grads(params, clip, flats)
-    factor = run.schedule.factor(step)
-    if run.compile == "step-graph" and flats is not None:
-        loss, raw, grad_norm = _update_unread(run, step, loss_sum, raw_sum, norm, flats)
-        finite = all(math.isfinite(v) for v in (loss, raw, grad_norm))  # the device's test
-    else:
-        grad_norm = float(norm)
-        loss, raw = float(loss_sum), float(raw_sum)
-        finite = all(math.isfinite(v) for v in (loss, raw, grad_norm))
-        if finite:
-            run.schedule.apply(run.optimizer, step)
-            run.optimizer.step()
-    if finite:
+    prepared = run.engine.take(window, step)
+    outcome = run.engine.run_step(step, prepared, next_window)
+    if outcome.finite:
         run.state.step += 1
-    flat_grads.zero_grads(run.optimizer, flats, set_to_none=not graphs)
-    ms = (time.perf_counter() - started) * 1000
+    frames = sum(crop.frames for crops in prepared.draws.crops for crop in crops)
     samples = sum(len(micro_batch) for micro_batch in window)
-    return StepResult(loss, raw, grad_norm, factor, samples, frames, ms, finite)
-
-
-def _update_unread(
-    run: DitRun,
-    step: int,
-    loss_sum: torch.Tensor,
-    raw_sum: torch.Tensor,
-    norm: torch.Tensor,
-    flats: flat_grads.FlatGrads,
-) -> tuple[float, float, float]:
-    """The update issued before the host reads the step's loss and gradient norm (compile
-    step-graph): the NaN stop's test runs on the device (`HybridOptimizer.step(found_inf)`: a
-    non-finite step changes nothing), so the host queues the optimizer while the GPU still runs
-    the replayed backward instead of waiting for it and then launching the optimizer onto an
-    idle GPU. The three numbers are copied out before the update's kernels and read after they
-    are queued. Returns (loss, raw loss, gradient norm)."""
-    readout = torch.stack([loss_sum.float(), raw_sum.float(), norm.float()])
-    found = (~torch.isfinite(readout).all()).float()
-    flats.finite_()  # a skipped step's gradients may hold NaN: 0 x NaN would reach the gate
-    if run.device.type == "cuda":
-        host = torch.empty(3, dtype=torch.float32, pin_memory=True)
-        host.copy_(readout, non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record()
-    run.schedule.apply(run.optimizer, step)
-    run.optimizer.step(found_inf=found)
-    if run.device.type == "cuda":
-        copied.synchronize()
-        readout = host
-    loss, raw, grad_norm = readout.tolist()
-    return loss, raw, grad_norm
-
-
-def _window_losses(
-    run: DitRun, groups: list[range], shares: list[float], prepared: PreparedWindow
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A window's forwards and backwards, one per fold group, run as they come: the weighted
-    loss and the plain loss summed over the groups (device scalars)."""
-    draws, window, step, rank = prepared.draws, prepared.window, prepared.step, run.settings.rank
-    loss_sum = torch.zeros((), device=run.device)
-    raw_sum = torch.zeros((), device=run.device)
-    for group, share, host in zip(groups, shares, prepared.host, strict=True):
-        out = micro_batch_loss(
-            run,
-            [crop for i in group for crop in draws.crops[i]],
-            torch.cat([draws.t[i] for i in group]),
-            torch.cat([draws.cfg_drop[i] for i in group]),
-            torch.cat([draws.weights[i] for i in group]),
-            [((run.options.seed, "noise", step, rank, i), len(window[i])) for i in group],
-            host,
-        )
-        (out.loss * share).backward()
-        loss_sum += out.loss.detach() * share
-        raw_sum += out.raw_loss * share
-    return loss_sum, raw_sum
-
-
-# A fold group's inputs as the captured step takes them: the TrainBatch fields, then these.
-_BATCH_FIELDS = tuple(f.name for f in dataclasses.fields(TrainBatch))
-_GROUP_EXTRA = ("t", "cfg_drop", "weights", "noise")
-
-
-def captured_window(
-    run: DitRun, groups: list[range], shares: list[float], prepared: PreparedWindow
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`_window_losses` as one CUDA graph per input shape (compile "step-graph",
-    `training.step_graph`): the host assembles the inputs and draws the noise as before, the
-    graph takes them as static inputs. The shares are baked into the graph, so they key it."""
-    draws, window, step, rank = prepared.draws, prepared.window, prepared.step, run.settings.rank
-    inputs: list[torch.Tensor | None] = []
-    for group, host in zip(groups, prepared.host, strict=True):
-        seeds = [((run.options.seed, "noise", step, rank, i), len(window[i])) for i in group]
-        inputs += [getattr(host, name) for name in _BATCH_FIELDS]
-        inputs += [
-            torch.cat([draws.t[i] for i in group]),
-            torch.cat([draws.cfg_drop[i] for i in group]),
-            torch.cat([draws.weights[i] for i in group]),
-            draw_noise(run, seeds, host.target_latents.shape[1:]),
-        ]
-    inputs.append(run.loss.channel_weights)  # on the device inside: no copy in the capture
-    width = len(_BATCH_FIELDS) + len(_GROUP_EXTRA)
-
-    def body(static: list[torch.Tensor | None]) -> list[torch.Tensor]:
-        loss_sum = torch.zeros((), device=run.device)
-        raw_sum = torch.zeros((), device=run.device)
-        for index, share in enumerate(shares):
-            part = static[index * width : (index + 1) * width]
-            batch = TrainBatch(**dict(zip(_BATCH_FIELDS, part, strict=False)))
-            t, cfg_drop, weights, noise = part[len(_BATCH_FIELDS) :]
-            out = micro_batch_forward(
-                run, batch, t, noise, cfg_drop, weights, static[-1], cast_cache=False
-            )
-            (out.loss * share).backward()
-            loss_sum = loss_sum + out.loss.detach() * share
-            raw_sum = raw_sum + out.raw_loss * share
-        return [loss_sum, raw_sum]
-
-    graphs = run.step_graphs
-    assert graphs is not None
-    graphs.bind(run.grad_flats)  # a graph adds into the gradient buffers it was captured with
-    key = (input_shapes(prepared, run.fold, run.transformer.training), tuple(shares))
-    loss_sum, raw_sum = graphs(key, inputs, body)
-    if graphs.failure and not graphs.reported:
-        graphs.reported = True
-        _log(run, f"compile step-graph: {graphs.failure}", "warn")
-    return loss_sum, raw_sum
+    ms = (time.perf_counter() - started) * 1000
+    factor = run.schedule.factor(step)
+    return StepResult(
+        outcome.loss,
+        outcome.raw_loss,
+        outcome.grad_norm,
+        factor,
+        samples,
+        frames,
+        ms,
+        outcome.finite,
+    )
 
 
 def train(
@@ -1177,7 +955,7 @@ def end_epoch(run: DitRun) -> None:
     if run.holdout is not None:
         from hotstep_ray.calibration.holdout import dit_epoch_end
 
-        with compiling.eager(run.compile):
+        with compiling.eager(run.engine.mode):
             dit_epoch_end(run)
     if run.is_main:
         _milestone(run, state.epoch, ma5)
@@ -1345,8 +1123,9 @@ def _adopt_fit(run: DitRun, saved: dict[str, Any]) -> None:
         saved["trained_layers"],
         run.cache.condition_len,
     )
+    compiled = run.engine.mode != "off"
     need = dit_vram.estimate(
-        run.dims, run.spec, plan, padded=saved["batch"] > 1, compiled=run.compile != "off"
+        run.dims, run.spec, plan, saved["batch"] > 1, compiled, run.settings.speed
     )
     if run.fit.budget is not None and need.total > run.fit.budget:
         raise dit_vram.VramFitError(
@@ -1364,16 +1143,12 @@ def _adopt_fit(run: DitRun, saved: dict[str, Any]) -> None:
     )
     run.frames = dit_data.batch_frames(run.cache, plan.crop_frames)
     _install_checkpointing(run.transformer, plan.ckpt_layers, plan.trained_layers)
-    if plan.ckpt_layers > 0 and run.compile in GRAPH_MODES:  # recompute is not captured
-        if run.compile == "reduce-overhead":  # its blocks were compiled with graph trees
-            import torch._dynamo as dynamo
-
-            dynamo.reset()
-            compile_blocks(run.transformer, "default")
-        run.compile, run.step_graphs, run.grad_flats = "default", None, None
+    if plan.ckpt_layers > 0 and run.engine.graphs:  # recompute is not captured
+        # blocks compiled with graph trees (reduce-overhead) are compiled again
+        run.engine.drop_graphs(recompile=run.engine.mode == "reduce-overhead")
         _log(run, "the checkpoint's fit checkpoints layers: compiled blocks without CUDA graphs")
     run.schedule = build_schedule(run.options, run.settings, run.cache, plan.batch)
-    run.fold = fold_factor(run)  # sized for the adopted fit, not this GPU's own
+    run.engine.fold = fold_factor(run)  # sized for the adopted fit, not this GPU's own
 
 
 def restore(run: DitRun, storage: Storage, key: str) -> None:
@@ -1398,117 +1173,3 @@ def restore(run: DitRun, storage: Storage, key: str) -> None:
 def _log(run: DitRun, message: str, level: str = "info") -> None:
     if run.events:
         run.events.log(message, level)  # type: ignore[arg-type]
-
-
-def resolved_config(run: DitRun) -> dict[str, Any]:
-    options = run.options
-    config = options.model_dump(mode="json")
-    config.update(
-        {
-            "learning_rate": options.effective_learning_rate,
-            "weight_decay": options.effective_weight_decay,
-            "loss_weighting": options.effective_loss_weighting,
-            "lokr_alpha": options.effective_lokr_alpha,
-            "cfg_ratio": run.loss.cfg_ratio,
-            "crop_frames": run.fit.crop_frames,
-            "crop_source": run.fit.crop_source,
-            "batch": run.fit.batch,
-            "ckpt_layers": run.fit.ckpt_layers,
-            "layers": run.fit.trained_layers,
-            "n_layers_total": run.dims.layers,
-            "lora_dropout": run.spec.dropout,
-            "dit_path": run.dit_folder,
-            "dit_name": run.dit_name,
-            "variant": run.models.variant.name,
-            "tensors": run.cache_key,
-            "samples": run.cache.samples,
-            "trigger": run.trigger,
-            "trigger_position": run.trigger_position,
-            "zero_groups": list(run.settings.zero_groups),
-            "world_size": run.settings.world_size,
-        }
-    )
-    return config
-
-
-def runtime_info(run: DitRun) -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "backend": run.device.type,
-        "dtype": str(run.models.dtype).removeprefix("torch."),
-        "autocast": None if run.autocast is None else str(run.autocast).removeprefix("torch."),
-        "attention": "sdpa; dense band mask on sliding layers; padded keys masked",
-        "window_rule": run.settings.window_rule,
-        "compile": run.compile,
-        "fold_accum": run.fold,  # planned micro-batches per forward
-        "torch": torch.__version__,
-        "world_size": run.settings.world_size,
-    }
-    if run.device.type == "cuda":
-        info["device_name"] = torch.cuda.get_device_name(run.device)
-    if run.spec.kind == "lokr":  # which w1 gradients took the Triton kernel (self-check verdicts)
-        info["lokr_w1_kernel"] = kron_kernels.verdicts()
-    return info
-
-
-def write_log(run: DitRun, final: bool = False) -> dict[str, Any]:
-    """`dit_train_log.json` in the run folder, rewritten every epoch."""
-    state = run.state
-    vram = run.fit.to_dict()
-    if run.device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(run.device)
-        vram.update(
-            peak_gb=round(torch.cuda.max_memory_allocated(run.device) / dit_vram.GB, 3),
-            free_gb=round(free / dit_vram.GB, 3),
-            total_gb=round(total / dit_vram.GB, 3),
-        )
-    log = {
-        "format": FORMAT,
-        "producer": PRODUCER,
-        "created_at": datetime.fromtimestamp(run.started, UTC).isoformat(),
-        "updated_at": datetime.now(UTC).isoformat(),
-        "final": final,
-        "config": resolved_config(run),
-        "runtime": runtime_info(run),
-        "vram": vram,
-        "data": {
-            **run.cache.summary(),
-            "frames_per_batch": run.frames,
-            "steps_per_epoch": run.schedule.steps_per_epoch,
-            "total_steps": run.schedule.total_steps,
-            "warmup_steps": run.schedule.warmup_steps,
-        },
-        "loss": run.loss.describe(),
-        "optimizer": {"kind": run.options.optimizer, "split": run.optimizer.split_summary()},
-        "epochs": state.history,
-        "steps": state.step,
-        "final_loss": state.history[-1]["loss"] if state.history else None,
-        "best_loss": None if math.isinf(state.best_ma5) else state.best_ma5,
-        "best_epoch": state.best_epoch,
-        "epochs_run": len(state.history),
-        "saved_ma5": state.saved_ma5,
-        "saved_epoch": state.saved_epoch,
-        "saved_reason": state.saved_reason,
-        "stop_reason": state.stop_reason,
-        "target_loss_stop": state.target_stop,
-        "milestones": state.milestones,
-        "resumes": state.resumes,
-        "holdout": None if run.holdout is None else {**run.holdout.info, "epochs": state.holdout},
-        "audio_seconds": state.audio_seconds,
-        "total_ms": (time.time() - run.started) * 1000,
-    }
-    if final and "export" in run.options.stages and state.saved_reason:
-        try:  # materialises every ΔW at once: up to ~10 GB for an XL LoRA r128
-            log["delta_report"] = export.delta_report(run.transformer)
-        except torch.OutOfMemoryError:
-            log["delta_report"] = "skipped: out of GPU memory"
-        flagged = [
-            g["group"] for g in log.get("delta_report", []) if isinstance(g, dict) and g["flagged"]
-        ]
-        if flagged:
-            _log(
-                run,
-                f"ΔW/W median above 5 % in {flagged}: the adapter may overpower the base",
-                "warn",
-            )
-    run.storage.write_json(f"{run.run_key}/{LOG_FILE}", log)
-    return log

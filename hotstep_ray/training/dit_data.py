@@ -35,6 +35,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -471,3 +472,34 @@ def valid_frames(batch: TrainBatch) -> int:
     if batch.latent_mask is None:
         return int(batch.target_latents.shape[0] * batch.target_latents.shape[1])
     return int(batch.latent_mask.sum())
+
+
+def resolve_dit_folder(
+    meta: dict[str, Any], variant_key: str, dit_folder: str | None, checkpoints_dir: str | None
+) -> Path:
+    """The base DiT comes from the cache's `preprocess_meta.json` (the model the tensors were made
+    with), not from the request: an explicit folder, else the recorded `models.dit` / `dit_path`,
+    else `dit_model`/`model_variant` under the checkpoints folder, else
+    `<checkpoints>/<variant_key>` or `acestep-v15-<variant_key>`."""
+    tried: list[str] = []
+    candidates: list[Path] = []
+    if dit_folder:
+        candidates.append(Path(dit_folder))
+    models = meta.get("models") if isinstance(meta.get("models"), dict) else {}
+    for recorded in (meta.get("dit_path"), models.get("dit")):
+        if recorded:
+            candidates.append(Path(str(recorded)))
+    if checkpoints_dir:
+        root = Path(checkpoints_dir)
+        for name_key in ("dit_model", "model_variant", "dit"):
+            if meta.get(name_key):
+                candidates.append(root / Path(str(meta[name_key])).name)
+        candidates += [root / variant_key, root / f"acestep-v15-{variant_key}"]
+    for folder in candidates:
+        tried.append(str(folder))
+        if folder.is_dir():
+            return folder
+    raise InputError(
+        "cannot find the DiT these tensors were made with; tried "
+        + (", ".join(tried) or "nothing (give --checkpoints or --dit)")
+    )

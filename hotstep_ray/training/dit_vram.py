@@ -43,7 +43,8 @@ from typing import Any
 
 from hotstep_ray.core.contracts import TrainDitOptions
 from hotstep_ray.core.errors import InputError
-from hotstep_ray.training.adapters import AdapterSpec, kron_merges, lokr_shape
+from hotstep_ray.training.adapters import AdapterSpec, lokr_shape
+from hotstep_ray.training.speed import SpeedOptions
 
 GB = 1e9
 FRAGMENTATION = 0.05
@@ -198,7 +199,7 @@ class Estimate:
 def _adapter_act_elements(dims: DitDims, spec: AdapterSpec, merged: bool) -> int:
     """Extra elements per token per trained layer that the adapter keeps beyond the block's own
     count: LoRA its r-wide hidden per module; LoKR's factored path two module outputs, its merged
-    Linear (`merged`: `adapters.kron_merges`) nothing per token, but see `_merged_weights`."""
+    Linear (`merged`: `SpeedOptions.kron_merges`) nothing per token, but see `_merged_weights`."""
     modules = [row for row in targeted_linears(dims, spec) if row[3] == "token"]
     if spec.kind == "lora":
         return spec.rank * len(modules)
@@ -207,7 +208,7 @@ def _adapter_act_elements(dims: DitDims, spec: AdapterSpec, merged: bool) -> int
 
 def _merged_weights(dims: DitDims, spec: AdapterSpec) -> int:
     """Elements of one layer's token-side adapted weights (the condition-side K/V see fewer
-    rows than `adapters.KRON_MERGED_MIN_TOKENS` and stay factored). The merged LoKR forward
+    rows than `SpeedOptions.kron_merged_min_tokens` and stay factored). The merged LoKR forward
     builds a bf16 `W + ΔW` per adapted Linear, and the model charges one such copy per trained
     layer as if kept for the backward: the measured merged peaks (H200, 2B LoKR 512, 6000
     frames, CUDA graphs, reserved: 14.0 / 14.14 GiB at batch 1, 20.88 / 20.53 at batch 2; ninth
@@ -221,13 +222,19 @@ def _merged_weights(dims: DitDims, spec: AdapterSpec) -> int:
 
 
 def estimate(
-    dims: DitDims, spec: AdapterSpec, plan: Plan, padded: bool = True, compiled: bool = False
+    dims: DitDims,
+    spec: AdapterSpec,
+    plan: Plan,
+    padded: bool = True,
+    compiled: bool = False,
+    speed: SpeedOptions = SpeedOptions(),
 ) -> Estimate:
     """Predicted peak bytes of one training step (see the module docstring); `compiled`: the
-    blocks run torch.compile'd (`COMPILED_ACTIVATION_SHARE` of the layer activations)."""
+    blocks run torch.compile'd (`COMPILED_ACTIVATION_SHARE` of the layer activations); `speed`:
+    whether LoKR takes its merged forward at these rows."""
     tokens = math.ceil(plan.crop_frames / dims.patch) * plan.batch
     h, q, kv, i = dims.hidden, dims.q_dim, dims.kv_dim, dims.intermediate
-    merged = spec.kind == "lokr" and kron_merges(tokens)
+    merged = spec.kind == "lokr" and speed.kron_merges(tokens)
     full = 13 * h + 11 * q + 5 * kv + 7 * i + _adapter_act_elements(dims, spec, merged)
     kept = plan.trained_layers - plan.ckpt_layers
     per_token = kept * full + plan.ckpt_layers * 1.5 * h + (full if plan.ckpt_layers else 0)
@@ -312,6 +319,7 @@ def fold_factor(
     condition_len: int,
     budget_bytes: float | None,
     compiled: bool = False,
+    speed: SpeedOptions = SpeedOptions(),
 ) -> int:
     """How many consecutive micro-batches of an optimizer window may run as one (batch x f),
     with the fitted crop and checkpointing unchanged: the largest f <= grad_accum whose step
@@ -326,7 +334,8 @@ def fold_factor(
             fitted.trained_layers,
             condition_len,
         )
-        if budget_bytes is None or estimate(dims, spec, p, True, compiled).total <= budget_bytes:
+        need = estimate(dims, spec, p, True, compiled, speed).total
+        if budget_bytes is None or need <= budget_bytes:
             return f
     return 1
 
@@ -341,9 +350,11 @@ def fit(
     condition_len: int,
     budget_bytes: float | None,
     compiled: bool = False,
+    speed: SpeedOptions = SpeedOptions(),
 ) -> VramFit:
     """Resolve crop, checkpointing and batch for a memory budget (None = unlimited);
-    `compiled`: the blocks will run torch.compile'd (smaller activations)."""
+    `compiled`: the blocks will run torch.compile'd (smaller activations); `speed`: the
+    adapters' forwards (`estimate`)."""
     trained = trained_layers(options, dims)
     notes: list[str] = []
     batch = options.batch
@@ -368,7 +379,7 @@ def fit(
         return Plan(crop, b, ckpt, trained, condition_len)
 
     def fits(p: Plan) -> bool:
-        need = estimate(dims, spec, p, padded, compiled).total
+        need = estimate(dims, spec, p, padded, compiled, speed).total
         return budget_bytes is None or need <= budget_bytes
 
     for b in range(batch, 0, -1):
@@ -394,7 +405,7 @@ def fit(
                 batch=b,
                 ckpt_layers=ckpt,
                 trained_layers=trained,
-                estimate=estimate(dims, spec, best, padded, compiled),
+                estimate=estimate(dims, spec, best, padded, compiled, speed),
                 budget=budget_bytes,
                 crop_source=crop_source,
                 ckpt_source=ckpt_source,
@@ -402,7 +413,7 @@ def fit(
                 notes=tuple(notes),
             )
     smallest = plan(crop_lo, 1, ladder[-1])
-    need = estimate(dims, spec, smallest, padded=False, compiled=compiled).total
+    need = estimate(dims, spec, smallest, False, compiled, speed).total
     raise VramFitError(
         f"DiT training does not fit: the smallest allowed configuration (crop {crop_lo} frames, "
         f"batch 1, {ladder[-1]}/{trained} layers checkpointed) needs {need / GB:.1f} GB but "

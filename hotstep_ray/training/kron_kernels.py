@@ -31,7 +31,7 @@ tensor-core product, a block-diagonal `[BT·OP, BT·IP]` matrix (m once per toke
 times the tile already loaded, stored in the operands' dtype. Its register budget: that matrix
 (≤ 64 × 64 bf16 at the 2B's shapes) and a `[BT·OP, BN]` float32 product beside the accumulator.
 Checked at first use: the partials per (device, dtype, a, c), the mix per (..., side); CI runs
-both kernels in Triton's CPU interpreter (float32), the H200 ran them in bf16 (`adapters.FUSED_MIX`,
+both kernels in Triton's CPU interpreter (float32), the H200 ran them in bf16 (`SpeedOptions.fused_mix`,
 on).
 
 Importing this module needs no Triton and no GPU; the kernel is built at its first use.

@@ -13,10 +13,11 @@ from test_dit_support import single_thread_fixture  # noqa: F401  (fixtures)
 from hotstep_ray.models.acestep_dit import load_acestep_dit
 from hotstep_ray.models.acestep_ops import TrainBatch
 from hotstep_ray.training import adapters, dit_loss
+from hotstep_ray.training.speed import SpeedOptions
 
 pytestmark = pytest.mark.slow  # Inductor compiles every case from scratch
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "acestep15-tiny" / "checkpoint"
-# id -> (adapter kind, KRON_MIX, KRON_FORWARD): the CPU's and CUDA's factored defaults ("auto":
+# id -> (adapter kind, SpeedOptions.kron_mix, .kron_forward): the CPU's and CUDA's factored defaults ("auto":
 # gemm / ordered), and the merged forward. The pointwise mixes share KronMix, whose values and
 # gradients test_adapters checks for every mode.
 CASES = {
@@ -34,14 +35,14 @@ def fresh_dynamo() -> Iterator[None]:
     torch._dynamo.reset()
 
 
-def block_and_inputs(kind: str) -> tuple[torch.nn.Module, dict]:
+def block_and_inputs(kind: str, speed: SpeedOptions) -> tuple[torch.nn.Module, dict]:
     """Block 0 of the tiny DiT with a non-zero adapter, in training mode, and the keyword inputs
     the trainer's forward gives it (hidden `[2, 8, 64]`, condition `[2, 6, 64]`, rotary tuple,
     key masks set for a padded row), caught with a pre-hook on one eager loss call."""
     models = load_acestep_dit(FIXTURE, device="cpu", dtype=torch.float32)
     # factor 2: w1 [2, 2], so KronMix's unrolled 2x2 mix keeps the pointwise trace short
     spec = adapters.AdapterSpec(kind=kind, rank=4, alpha=8, factor=2)
-    adapters.inject(models.transformer, spec)
+    adapters.inject(models.transformer, spec, speed)
     generator = torch.Generator().manual_seed(3)
     with torch.no_grad():  # LoRA B and LoKR w2 start at zero: make every factor's gradient live
         for param in adapters.adapter_parameters(models.transformer).values():
@@ -88,10 +89,9 @@ def test_adapted_block_is_one_graph_with_the_eager_gradients(
     case: str, single_thread, monkeypatch, record_merged
 ) -> None:
     kind, mix, forward = CASES[case]
-    monkeypatch.setattr(adapters, "KRON_MIX", mix)  # read at trace time
-    monkeypatch.setattr(adapters, "KRON_FORWARD", forward)
-    monkeypatch.setattr(adapters, "KRON_MERGED_MIN_TOKENS", 1)  # the block holds 12-16 tokens
-    block, inputs = block_and_inputs(kind)
+    # min tokens 1: the block holds 12-16 tokens
+    speed = SpeedOptions(kron_mix=mix, kron_forward=forward, kron_merged_min_tokens=1)
+    block, inputs = block_and_inputs(kind, speed)
     if forward == "merged":  # the merged Linear really runs in this block (checked eagerly)
         with record_merged() as seen, torch.no_grad():
             block(**inputs)
@@ -118,16 +118,16 @@ def test_adapted_block_is_one_graph_with_the_eager_gradients(
         torch.testing.assert_close(grads[key], eager, rtol=1e-5, atol=1e-7, msg=key)
 
 
-def test_a_lokr_block_carries_no_more_guards_than_a_lora_block(monkeypatch) -> None:
+def test_a_lokr_block_carries_no_more_guards_than_a_lora_block() -> None:
     """Dynamo evaluates a compiled block's guards on every call: on the H200 at batch 1 on short
     crops that host time is not hidden by the GPU (docs/BENCHMARKS.md, fourteenth run). peft's
     `_available_adapters` reads all seven LoKR parameter dicts of every Linear, guarding each
     (1720 guards against LoRA's 1446 for this block, 55 on the never-used `lokr_t2`)."""
-    monkeypatch.setattr(adapters, "KRON_MIX", "ordered")  # CUDA's factored path
+    speed = SpeedOptions(kron_mix="ordered")  # CUDA's factored path
     counts = {}
     for kind in ("lora", "lokr"):
         torch._dynamo.reset()
-        block, inputs = block_and_inputs(kind)
+        block, inputs = block_and_inputs(kind, speed)
         guards = torch._dynamo.explain(block)(**inputs).out_guards
         counts[kind] = len(guards)
         assert not [g.name for g in guards if "lokr_t2" in g.name or "lokr_w1_b" in g.name]

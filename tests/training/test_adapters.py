@@ -12,6 +12,7 @@ from hotstep_ray.core.contracts import TrainDitOptions, TrainLmOptions
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.training import adapters
 from hotstep_ray.training.adapters import AdapterSpec
+from hotstep_ray.training.speed import KRON_MIXES, SpeedOptions
 
 SPECS = {
     "lora": AdapterSpec(kind="lora", rank=4, alpha=8),
@@ -214,9 +215,7 @@ def test_spec_from_route_options():
 @pytest.mark.parametrize(
     "w1_shape", [(5, 4), (3, 4)]
 )  # a > c: w2 first; a <= c: "ordered" w1 first
-def test_pointwise_kron_mixes_give_the_gemm_path_values_and_gradients(
-    monkeypatch, factored_w2, w1_shape
-):
+def test_pointwise_kron_mixes_give_the_gemm_path_values_and_gradients(factored_w2, w1_shape):
     """The "pointwise" and "ordered" w1 mixes (KronMix) against the GEMM path: same output and
     the same gradients for x, w1 and w2, float64 (so any difference is a formula, not
     rounding)."""
@@ -231,9 +230,8 @@ def test_pointwise_kron_mixes_give_the_gemm_path_values_and_gradients(
     weights = [w1, *(w2 if factored_w2 else (w2,))]
     upstream = torch.randn(2, 7, a * 3, generator=generator, dtype=torch.float64)
     results = {}
-    for mode in adapters.KRON_MIXES:
-        monkeypatch.setattr(adapters, "KRON_MIX", mode)
-        y = adapters.kron_linear(x, w1, w2, 0.7)
+    for mode in KRON_MIXES:
+        y = adapters.kron_linear(x, w1, w2, 0.7, mode)
         grads = torch.autograd.grad((y * upstream).sum(), [x, *weights])
         results[mode] = (y.detach(), grads)
     y_gemm, g_gemm = results.pop("gemm")
@@ -263,9 +261,8 @@ def test_factored_lokr_under_autocast_keeps_the_autocast_dtype(
         return mix(h, w1)
 
     monkeypatch.setattr(adapters.KronMix, "apply", staticmethod(recording))
-    monkeypatch.setattr(adapters, "KRON_MIX", "ordered")
-    monkeypatch.setattr(adapters, "KRON_FORWARD", "factored")  # the path with the w1 mix
-    model = adapters.inject(make_toy(0), SPECS["lokr"])
+    speed = SpeedOptions(kron_mix="ordered", kron_forward="factored")  # the path with the w1 mix
+    model = adapters.inject(make_toy(0), SPECS["lokr"], speed)
     randomize(model)
     model.train()
     results = {}
@@ -289,13 +286,12 @@ def test_factored_lokr_under_autocast_keeps_the_autocast_dtype(
         assert _rel(grads_b[key], want) < 0.05, key
 
 
-def test_auto_kron_mix_is_ordered_on_cuda_and_gemm_elsewhere(monkeypatch):
+def test_auto_kron_mix_is_ordered_on_cuda_and_gemm_elsewhere():
     """The measured choices: "ordered" for CUDA tensors (H200 2B step 214 vs 276 ms), the GEMM
     mix on the CPU (its fewer ops are faster there); an explicit mode wins everywhere."""
-    monkeypatch.setattr(adapters, "KRON_MIX", "auto")
+    assert SpeedOptions().kron_mix == "auto"
     assert adapters.kron_mix(torch.zeros(2, 8)) == "gemm"
     assert adapters.kron_mix(torch.zeros(2, 8, device="meta")) == "gemm"
     cuda_like = SimpleNamespace(is_cuda=True)  # all kron_mix reads of its input (no GPU here)
     assert adapters.kron_mix(cuda_like) == "ordered"
-    monkeypatch.setattr(adapters, "KRON_MIX", "pointwise")
-    assert adapters.kron_mix(cuda_like) == "pointwise"
+    assert adapters.kron_mix(cuda_like, "pointwise") == "pointwise"

@@ -22,6 +22,7 @@ from hotstep_ray.models.acestep_dit import load_acestep_dit
 from hotstep_ray.training import adapters, compiling, dit, dit_data, dit_loss, export
 from hotstep_ray.training.checkpoint import read_manifest
 from hotstep_ray.training.flat_grads import FlatGrads
+from hotstep_ray.training.speed import SpeedOptions
 
 
 @pytest.fixture
@@ -95,7 +96,7 @@ def test_folded_micro_batches_train_as_the_accumulated_ones(
     options = fast_options(epochs=4, optimizer="adamw", batch=1, grad_accum=2)
     plain, _ = run_training(storage, tiny_dit_dir, options, fold_accum="off")
     folded, _ = run_training(storage, tiny_dit_dir, options, fold_accum="on")
-    assert (plain.fold, folded.fold) == (1, 2)  # the CPU has no memory budget
+    assert (plain.engine.fold, folded.engine.fold) == (1, 2)  # the CPU has no memory budget
     losses = [e["loss"] for e in plain.state.history]
     # float32: the padded batch of 2 runs other GEMM shapes than two batches of 1, so every
     # reduction rounds differently (a few ulp per layer, 4 layers, 8 steps): ~1e-6 relative
@@ -150,12 +151,12 @@ LOKR_OPTIONS = {"adapter_type": "lokr", "lokr_dim": 8, "lokr_alpha": 4, "lokr_fa
 def test_export_reload_reproduces_the_trainers_loss(
     storage, tiny_dit_dir, single_thread, monkeypatch, merged_calls, overrides, merged
 ) -> None:
-    # The tiny DiT's inputs hold fewer rows than KRON_MERGED_MIN_TOKENS, so "lokr" trains on the
-    # factored path; "lokr-merged" lowers the threshold so training and the reload run LoKR's
+    # The tiny DiT's inputs hold fewer rows than `kron_merged_min_tokens`, so "lokr" trains on
+    # the factored path; "lokr-merged" lowers the threshold so training and the reload run LoKR's
     # merged Linear, the GPU's path.
-    if merged:
-        monkeypatch.setattr(adapters, "KRON_MERGED_MIN_TOKENS", 1)
-    run, result = run_training(storage, tiny_dit_dir, fast_options(epochs=4, **overrides))
+    speed = SpeedOptions(kron_merged_min_tokens=1) if merged else SpeedOptions()
+    options = fast_options(epochs=4, **overrides)
+    run, result = run_training(storage, tiny_dit_dir, options, speed=speed)
     assert bool(merged_calls) == merged
     assert result.saved_reason == "best"  # the best ma5 epoch's adapter, exported as it came
     dit.save(run, "final")  # now the model's current adapter, to compare with the live model
@@ -170,6 +171,7 @@ def test_export_reload_reproduces_the_trainers_loss(
     export.load_exported(
         fresh.transformer, storage, result.run_key, rename=export.ACESTEP_OFFICIAL_NAMES
     )
+    adapters.set_speed(fresh.transformer, speed)  # the reload runs the trainer's forward
     reloaded = _fixed_loss(run, fresh)
     # the same layers, kernels and BF16 values in this process: equal but for ulp-level slack
     assert reloaded == pytest.approx(rounded, rel=1e-6, abs=1e-7)
@@ -310,18 +312,18 @@ def test_graph_mode_accumulates_into_stable_gradient_buffers(
     which the next micro-batch's replay overwrites: in that mode the step keeps one zeroed
     buffer per parameter across micro-batches and steps, each a view of one flat buffer, and
     clips and zeroes the flat buffer. The math is the eager step's (the mode is forced here on
-    the CPU, where no graph is captured). `FLAT_GRADS` off: one buffer per parameter."""
-    monkeypatch.setattr(dit, "FLAT_GRADS", flat)
+    the CPU, where no graph is captured). `flat_grads` off: one buffer per parameter."""
     options = fast_options(grad_accum=2, batch=1)
-    eager = dit.setup(options, storage, SLUG, settings(tiny_dit_dir))
-    graphs = dit.setup(options, storage, SLUG, settings(tiny_dit_dir))
-    graphs.compile = "reduce-overhead"
+    speed = SpeedOptions(flat_grads=flat)
+    eager = dit.setup(options, storage, SLUG, settings(tiny_dit_dir, speed=speed))
+    graphs = dit.setup(options, storage, SLUG, settings(tiny_dit_dir, speed=speed))
+    graphs.engine.mode = "reduce-overhead"
     window = dit.epoch_windows(eager, 1)[0]
     assert len(window) == 2  # two micro-batches accumulate into one step
     first = dit.optimizer_step(graphs, window)
     buffers = {id(p): p.grad for p in graphs.params}
     assert all(g is not None and not g.any() for g in buffers.values())  # zeroed, not dropped
-    flats = graphs.grad_flats  # every gradient a view of one flat buffer (`FlatGrads`)
+    flats = graphs.engine.grad_flats  # every gradient a view of one flat buffer (`FlatGrads`)
     if flat:
         assert flats is not None and len(flats.buffers) == 1 and flats.backs()
         assert flats.buffers[0].numel() == sum(p.numel() for p in graphs.params)
@@ -329,12 +331,12 @@ def test_graph_mode_accumulates_into_stable_gradient_buffers(
         assert flats is None and all(g._base is None for g in buffers.values())
     second = dit.optimizer_step(graphs, window)
     assert all(p.grad is buffers[id(p)] for p in graphs.params)  # the same buffers again
-    assert graphs.grad_flats is flats
+    assert graphs.engine.grad_flats is flats
     graphs.optimizer.zero_grad(set_to_none=True)  # e.g. a bench's phase timing dropped them
     third = dit.optimizer_step(graphs, window)
     assert all(p.grad is not None for p in graphs.params)  # buffers again, before the backward
     if flat:
-        assert graphs.grad_flats is not flats and graphs.grad_flats.backs()
+        assert graphs.engine.grad_flats is not flats and graphs.engine.grad_flats.backs()
     want = [dit.optimizer_step(eager, window) for _ in range(3)]
     got = [first, second, third]
     # One flat norm against torch's norm of per-tensor norms: float32 sums in other orders, a few
@@ -356,15 +358,15 @@ def test_inputs_prepared_during_the_previous_backward_give_the_same_steps(
     ahead = dit.setup(options, storage, SLUG, settings(tiny_dit_dir))
     windows = [dit.epoch_windows(plain, epoch)[0] for epoch in range(3)]
     want = [dit.optimizer_step(plain, w) for w in windows]
-    ahead.prepared = dit.prepare_window(ahead, windows[1], 7)  # another step's: ignored
+    ahead.engine.prefetched = dit.prepare_window(ahead, windows[1], 7)  # another step's: ignored
     got = [dit.optimizer_step(ahead, windows[0], windows[1])]
-    assert ahead.prepared is not None and ahead.prepared.step == 1
-    assert ahead.prepared.window == list(windows[1])
+    assert ahead.engine.prefetched is not None and ahead.engine.prefetched.step == 1
+    assert ahead.engine.prefetched.window == list(windows[1])
     got += [
         dit.optimizer_step(ahead, windows[1], windows[2]),
         dit.optimizer_step(ahead, windows[2]),
     ]
-    assert ahead.prepared is None
+    assert ahead.engine.prefetched is None
     # exact: the same inputs through the same kernels in this process, only assembled earlier
     assert [g.loss for g in got] == [w.loss for w in want]
     assert [g.grad_norm for g in got] == [w.grad_norm for w in want]
@@ -384,15 +386,15 @@ def test_a_graph_fault_in_the_first_steps_falls_back_to_plain_compiled_blocks(
 
     events: list = []
     run = dit.setup(options, storage, SLUG, settings(tiny_dit_dir), EventLog(events.append))
-    run.compile = "reduce-overhead"  # forced: the CPU captures nothing
+    run.engine.mode = "reduce-overhead"  # forced: the CPU captures nothing
     recompiled: list[str] = []
     monkeypatch.setattr(dit, "compile_blocks", lambda transformer, mode: recompiled.append(mode))
     real_step, calls = dit.optimizer_step, []
 
     def faulty(run_, window_, next_window=None):
-        calls.append(run_.compile)
+        calls.append(run_.engine.mode)
         if len(calls) == 1:  # as a real graph step, it had attached its flat gradient buffer
-            run_.grad_flats = FlatGrads(run_.params)
+            run_.engine.grad_flats = FlatGrads(run_.params)
             raise RuntimeError("CUDA graph replay overwrote a live tensor")
         return real_step(run_, window_, next_window)
 
@@ -400,13 +402,15 @@ def test_a_graph_fault_in_the_first_steps_falls_back_to_plain_compiled_blocks(
     got = dit.guarded_step(run, window)
     assert calls == ["reduce-overhead", "default"] and recompiled == ["default"]
     # the redone step is the eager one (compile_blocks patched away): ulp-level slack only
-    assert run.compile == "default" and got.loss == pytest.approx(want.loss, rel=1e-6)
-    assert run.grad_flats is None  # the graph step's buffer is not kept alive after the fallback
+    assert run.engine.mode == "default" and got.loss == pytest.approx(want.loss, rel=1e-6)
+    assert (
+        run.engine.grad_flats is None
+    )  # the graph step's buffer is not kept alive after the fallback
     logs = [e for e in events if getattr(e, "level", None) == "warn"]
     assert any("CUDA graphs failed at step 1" in e.message for e in logs)
 
     oom = dit.setup(options, storage, SLUG, settings(tiny_dit_dir))
-    oom.compile = "reduce-overhead"
+    oom.engine.mode = "reduce-overhead"
 
     def out_of_memory(run_, window_, next_window=None):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory")

@@ -20,6 +20,7 @@ from hotstep_ray.training.dit_vram import (
     min_required_bytes,
     step_flops,
 )
+from hotstep_ray.training.speed import SpeedOptions
 
 GIB = 2**30
 DIMS = {layout: DitDims.from_config(dit_config(layout)) for layout in ("2b", "xl")}
@@ -65,7 +66,7 @@ def test_estimate_over_predicts_measured_peaks_a_little(layout, frames, ckpt, me
 # peak. With CUDA graphs (`compile: auto` when nothing is checkpointed; fourth and fifth device
 # runs): the RESERVED peak, since the graph pool is not in the allocated one.
 LOKR512 = AdapterSpec(kind="lokr", rank=512, alpha=512, factor=6, decompose_both=True)
-# The LoKR rows name the forward they ran with (`adapters.KRON_FORWARD`; LoRA: "-").
+# The LoKR rows name the forward they ran with (`SpeedOptions.kron_forward`; LoRA: "-").
 COMPILED_PEAKS = [
     ("2b", LORA64, "-", 6000, 1, 11.1),
     ("2b", LORA64, "-", 6000, 2, 18.16),
@@ -90,14 +91,13 @@ COMPILED_PEAKS = [
     ("layout", "spec", "forward", "frames", "batch", "measured"), COMPILED_PEAKS
 )
 def test_compiled_estimate_stays_above_measured_peaks(
-    monkeypatch, layout, spec, forward, frames, batch, measured
+    layout, spec, forward, frames, batch, measured
 ):
-    if forward != "-":
-        monkeypatch.setattr(adapters, "KRON_FORWARD", forward)
+    speed = SpeedOptions() if forward == "-" else SpeedOptions(kron_forward=forward)
     dims = DIMS[layout]
     plan = Plan(frames, batch, 0, dims.layers, 769)
-    compiled = estimate(dims, spec, plan, padded=False, compiled=True).total / GIB
-    eager = estimate(dims, spec, plan, padded=False).total / GIB
+    compiled = estimate(dims, spec, plan, padded=False, compiled=True, speed=speed).total / GIB
+    eager = estimate(dims, spec, plan, padded=False, speed=speed).total / GIB
     assert measured <= compiled <= 1.3 * measured  # calibration band, as above
     assert compiled < 0.85 * eager  # the eager model would waste a third of the GPU
 
@@ -128,15 +128,21 @@ def test_adapter_matrices_are_the_injected_adapters(spec) -> None:
     assert sorted(layer0) == sorted(adapter_matrices(DitDims.from_config(config), spec))
 
 
-def test_checkpointed_merged_lokr_is_charged_one_layers_merged_weights(monkeypatch) -> None:
+def test_checkpointed_merged_lokr_is_charged_one_layers_merged_weights() -> None:
     """The merged forward keeps no per-token LoKR activations; its W + ΔW copies count only for
     the layers that keep their activations (plus the one being recomputed), so with every layer
     checkpointed it must not be estimated above the factored path."""
     dims = DIMS["2b"]
     plan = Plan(6000, 1, dims.layers, dims.layers, 769)
     merged = estimate(dims, LOKR512, plan, padded=False, compiled=True).total
-    monkeypatch.setattr(adapters, "KRON_FORWARD", "factored")
-    factored = estimate(dims, LOKR512, plan, padded=False, compiled=True).total
+    factored = estimate(
+        dims,
+        LOKR512,
+        plan,
+        padded=False,
+        compiled=True,
+        speed=SpeedOptions(kron_forward="factored"),
+    ).total
     assert merged <= factored
 
 

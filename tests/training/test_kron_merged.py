@@ -1,7 +1,9 @@
-"""LoKR's merged forward (`KRON_FORWARD = "merged"`, `MergedKron`): one Linear on W + ΔW gives
+"""LoKR's merged forward (`SpeedOptions.kron_forward` "merged", `MergedKron`): one Linear on W + ΔW gives
 the factored path's output and gradients, and steps aside where it does not apply."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -9,15 +11,12 @@ import torch.nn.functional as F
 
 from hotstep_ray.training import adapters, kron_kernels
 from hotstep_ray.training.adapters import AdapterSpec
+from hotstep_ray.training.speed import KRON_FORWARDS, SpeedOptions
 
 LOKR = AdapterSpec(kind="lokr", rank=8, alpha=4, factor=4)  # full and low-rank w2, as test_adapters
-
-
-@pytest.fixture(autouse=True)
-def short_inputs_merge(monkeypatch) -> None:
-    """The toy inputs hold 12-128 tokens: let them take the merged path (the threshold has its
-    own test below)."""
-    monkeypatch.setattr(adapters, "KRON_MERGED_MIN_TOKENS", 1)
+# The toy inputs hold 12-128 tokens: let them take the merged path (the threshold has its own
+# test below).
+SHORT = SpeedOptions(kron_merged_min_tokens=1)
 
 
 def _leaf(generator: torch.Generator, *shape: int) -> torch.Tensor:
@@ -26,10 +25,9 @@ def _leaf(generator: torch.Generator, *shape: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("mix", ["gemm", "ordered"])  # _mix: matmul (CPU) or mix_rows (CUDA)
 @pytest.mark.parametrize("w1_shape", [(5, 4), (3, 4), (4, 4)])  # a > c, a < c, a == c
-def test_merged_kron_equals_base_plus_factored_path(monkeypatch, w1_shape, mix):
+def test_merged_kron_equals_base_plus_factored_path(w1_shape, mix):
     """float64: output and the gradients of x, bias, w1 and w2 equal F.linear + kron_linear's
     (so a difference is a formula, not rounding); the frozen weight gets none."""
-    monkeypatch.setattr(adapters, "KRON_MIX", mix)
     generator = torch.Generator().manual_seed(5)
     a, c = w1_shape
     b, d = 3, 6
@@ -43,9 +41,9 @@ def test_merged_kron_equals_base_plus_factored_path(monkeypatch, w1_shape, mix):
     upstream = torch.randn(2, 7, a * b, generator=generator, dtype=torch.float64)
     leaves = [x, bias, w1, w2]
 
-    merged = adapters.MergedKron.apply(x, weight, bias, w1, w2, 0.7)
+    merged = adapters.MergedKron.apply(x, weight, bias, w1, w2, 0.7, mix)
     got = torch.autograd.grad((merged * upstream).sum(), leaves)
-    factored = F.linear(x, weight, bias) + adapters.kron_linear(x, w1, w2, 0.7)
+    factored = F.linear(x, weight, bias) + adapters.kron_linear(x, w1, w2, 0.7, mix)
     want = torch.autograd.grad((factored * upstream).sum(), leaves)
 
     # float64 (2^-52): <= 24-term sums of O(1) products are ~1e-15 apart; a formula error is O(1)
@@ -55,7 +53,7 @@ def test_merged_kron_equals_base_plus_factored_path(monkeypatch, w1_shape, mix):
         torch.testing.assert_close(g_got, g_want, rtol=1e-12, atol=1e-12, msg=name)  # float64
     with pytest.raises(NotImplementedError, match="frozen"):  # refused in the forward
         trained = weight.clone().requires_grad_(True)
-        adapters.MergedKron.apply(x, trained, bias, w1, w2, 0.7)
+        adapters.MergedKron.apply(x, trained, bias, w1, w2, 0.7, mix)
 
 
 def _run(model, inputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -72,7 +70,7 @@ def _run(model, inputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     ids=["lokr", "low-rank-w1-and-w2"],
 )
 def test_merged_forward_gives_the_factored_model(
-    monkeypatch, merged_calls, make_toy, toy_inputs, randomize, spec
+    merged_calls, make_toy, toy_inputs, randomize, spec
 ):
     """A toy model with LoKR in training mode, float32: the merged forward runs in every adapted
     Linear and gives the factored forward's output and adapter gradients (full and low-rank
@@ -80,13 +78,13 @@ def test_merged_forward_gives_the_factored_model(
     if spec.decompose_both:
         shape = adapters.lokr_shape(64, 64, spec)
         assert not (shape.w1_full or shape.w2_full)
-    model = adapters.inject(make_toy(0), spec)
+    model = adapters.inject(make_toy(0), spec, SHORT)
     randomize(model)
     model.train()
     calls = merged_calls
     results = {}
-    for forward in adapters.KRON_FORWARDS:
-        monkeypatch.setattr(adapters, "KRON_FORWARD", forward)
+    for forward in KRON_FORWARDS:
+        adapters.set_speed(model, replace(SHORT, kron_forward=forward))
         calls.clear()
         results[forward] = _run(model, toy_inputs)
         layers = len(list(adapters.tuner_layers(model)))
@@ -103,20 +101,19 @@ def test_merged_forward_gives_the_factored_model(
 
 
 def test_merged_forward_under_autocast_and_where_it_steps_aside(
-    monkeypatch, merged_calls, make_toy, toy_inputs, randomize
+    merged_calls, make_toy, toy_inputs, randomize
 ):
     """Under (CPU) bf16 autocast the merged Linear runs in bf16 and stays within bf16 rounding of
     the factored path; without autocast, mixed dtypes (a bf16 base, float32 factors) and rank
     dropout keep the factored path."""
-    monkeypatch.setattr(adapters, "KRON_FORWARD", "merged")
     calls = merged_calls
-    model = adapters.inject(make_toy(0), LOKR)
+    model = adapters.inject(make_toy(0), LOKR, SHORT)
     randomize(model)
     model.train()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out_m, grads_m = _run(model, toy_inputs)
     assert calls and {x.dtype for x in calls} == {torch.bfloat16}
-    monkeypatch.setattr(adapters, "KRON_FORWARD", "factored")
+    adapters.set_speed(model, replace(SHORT, kron_forward="factored"))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out_f, grads_f = _run(model, toy_inputs)
     # bf16 rounds W + ΔW (merged) or the two outputs (factored): each 2^-9 relative, through ~10
@@ -125,22 +122,21 @@ def test_merged_forward_under_autocast_and_where_it_steps_aside(
     for key, want in grads_f.items():
         assert (grads_m[key] - want).norm() <= 0.05 * want.norm(), key
 
-    monkeypatch.setattr(adapters, "KRON_FORWARD", "merged")
     calls.clear()
-    mixed = adapters.inject(make_toy(0), LOKR)
+    mixed = adapters.inject(make_toy(0), LOKR, SHORT)
     randomize(mixed)
     mixed.to(torch.bfloat16)
     for param in adapters.adapter_parameters(mixed).values():
         param.data = param.data.float()  # float32 masters on a bf16 base, no autocast
     mixed(*(t.to(torch.bfloat16) for t in toy_inputs))
     assert calls == []
-    dropping = adapters.inject(make_toy(0), LOKR.model_copy(update={"dropout": 0.0}))
+    dropping = adapters.inject(make_toy(0), LOKR.model_copy(update={"dropout": 0.0}), SHORT)
     for _, layer in adapters.tuner_layers(dropping):
         layer.rank_dropout[adapters.ADAPTER_NAME] = 0.5
     dropping.train()
     dropping(*toy_inputs)
     assert calls == []
-    trained_base = adapters.inject(make_toy(0), LOKR)
+    trained_base = adapters.inject(make_toy(0), LOKR, SHORT)
     randomize(trained_base)
     for _, layer in adapters.tuner_layers(trained_base):
         layer.base_layer.weight.requires_grad_(True)  # MergedKron gives no weight gradient
@@ -152,7 +148,7 @@ def test_merged_forward_under_autocast_and_where_it_steps_aside(
 
 
 def test_a_bf16_fit_with_the_merged_forward_tracks_float32_like_the_factored_one(
-    monkeypatch, merged_calls, make_toy
+    merged_calls, make_toy
 ):
     """The merged forward rounds W + ΔW to bf16 where the factored one rounds the sum of the two
     outputs. Fitting a toy model's LoKR (bf16 base, float32 masters, bf16 autocast, AdamW, 60
@@ -168,8 +164,7 @@ def test_a_bf16_fit_with_the_merged_forward_tracks_float32_like_the_factored_one
         target = teacher(x, context)
 
     def fit(forward: str, bf16: bool) -> list[float]:
-        monkeypatch.setattr(adapters, "KRON_FORWARD", forward)
-        model = adapters.inject(make_toy(0), LOKR)
+        model = adapters.inject(make_toy(0), LOKR, replace(SHORT, kron_forward=forward))
         if bf16:
             model.to(torch.bfloat16)
             for param in adapters.adapter_parameters(model).values():
@@ -194,7 +189,7 @@ def test_a_bf16_fit_with_the_merged_forward_tracks_float32_like_the_factored_one
     deviation = {
         forward: sum(abs(a - b) / b for a, b in zip(fit(forward, True), reference, strict=True))
         / len(reference)
-        for forward in adapters.KRON_FORWARDS
+        for forward in KRON_FORWARDS
     }
     print("mean relative loss deviation from float32:", deviation)  # docs/BENCHMARKS.md, -s
     assert merged_calls  # the merged run took the merged path
@@ -205,13 +200,13 @@ def test_a_bf16_fit_with_the_merged_forward_tracks_float32_like_the_factored_one
     assert deviation["merged"] < 2 * deviation["factored"] + 2e-4, deviation
 
 
-def test_few_tokens_keep_the_factored_path(monkeypatch, merged_calls, make_toy, randomize):
-    """Below KRON_MERGED_MIN_TOKENS rows (a decode step) the merged Linear would rebuild every
+def test_few_tokens_keep_the_factored_path(merged_calls, make_toy, randomize):
+    """Below `kron_merged_min_tokens` rows (a decode step) the merged Linear would rebuild every
     weight per token: those calls take the factored path, longer inputs the merged one; both
     give the same output."""
-    monkeypatch.setattr(adapters, "KRON_MERGED_MIN_TOKENS", 64)
+    speed = SpeedOptions(kron_merged_min_tokens=64)
     calls = merged_calls
-    model = adapters.inject(make_toy(0), LOKR)
+    model = adapters.inject(make_toy(0), LOKR, speed)
     randomize(model)
     generator = torch.Generator().manual_seed(2)
     context = torch.randn(1, 5, 64, generator=generator)
@@ -220,9 +215,9 @@ def test_few_tokens_keep_the_factored_path(monkeypatch, merged_calls, make_toy, 
         calls.clear()
         with torch.no_grad():
             out = model(x, context)
-            monkeypatch.setattr(adapters, "KRON_FORWARD", "factored")
+            adapters.set_speed(model, replace(speed, kron_forward="factored"))
             want = model(x, context)
-            monkeypatch.setattr(adapters, "KRON_FORWARD", "merged")
+            adapters.set_speed(model, speed)
         assert (len(calls) > 0) == merged, tokens
         assert all(x.shape[:2] == (1, tokens) for x in calls)  # context-side Linears: 5 rows
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)  # float32 paths, as above
@@ -240,7 +235,7 @@ def test_fused_pair_sums_and_mix_give_the_same_factor_grads(monkeypatch, w1_shap
         sides.append(side)
         return real(x, y, m, side)
 
-    monkeypatch.setattr(adapters, "fuses_mix", lambda rows, cols: True)
+    monkeypatch.setattr(adapters, "fuses_mix", lambda rows, cols, fused_mix: True)
     monkeypatch.setattr(kron_kernels, "pair_partials_mix", spy)
     generator = torch.Generator().manual_seed(6)
     a, c = w1_shape
@@ -270,14 +265,12 @@ def test_fused_pair_sums_and_mix_give_the_same_factor_grads(monkeypatch, w1_shap
 def test_the_fused_backward_is_for_cuda_half_precision_only(monkeypatch):
     """Both the switch (on by default since the H200 measured it) and the kernel's own
     conditions."""
-    assert adapters.FUSED_MIX  # the default the thirteenth device run chose
+    assert SpeedOptions().fused_mix  # the default the thirteenth device run chose
     rows = torch.randn(5, 4, 8, dtype=torch.bfloat16)
     with monkeypatch.context() as patched:  # operands the kernel takes
         patched.setattr(kron_kernels, "kernel_applies", lambda x, y: True)
-        assert adapters.fuses_mix(rows, rows)
-        patched.setattr(adapters, "FUSED_MIX", False)  # dit_bench --no-fused-mix
-        assert not adapters.fuses_mix(rows, rows)
-    monkeypatch.setattr(adapters, "FUSED_MIX", True)
-    assert not adapters.fuses_mix(rows, rows)  # CPU
+        assert adapters.fuses_mix(rows, rows, fused_mix=True)
+        assert not adapters.fuses_mix(rows, rows, fused_mix=False)  # dit_bench --no-fused-mix
+    assert not adapters.fuses_mix(rows, rows, fused_mix=True)  # CPU
     meta = torch.empty(5, 4, 8, dtype=torch.bfloat16, device="meta")
-    assert not adapters.fuses_mix(meta, meta)
+    assert not adapters.fuses_mix(meta, meta, fused_mix=True)

@@ -23,6 +23,7 @@ from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.training import adapters, compiling, lm, lm_data, lm_loss
 from hotstep_ray.training.adapters import AdapterSpec
+from hotstep_ray.training.speed import SpeedOptions
 
 pytestmark = pytest.mark.slow  # Inductor compiles every case from scratch
 VOCAB = 96
@@ -119,14 +120,13 @@ def test_a_lora_decoder_layer_compiles_to_one_graph(attention, checkpointed):
 
 @pytest.mark.parametrize("checkpointed", [0, 2], ids=["plain", "checkpointed"])
 def test_a_lokr_decoder_layer_with_merged_linears_is_one_graph_with_the_eager_gradients(
-    monkeypatch, checkpointed, record_merged
+    checkpointed, record_merged
 ):
     """LoKR's merged forward (`MergedKron`, the GPU's path for >= 1024 rows; the threshold is
     lowered for this 51-token batch) in a decoder layer: no graph break, and compiled (aot_eager)
     gives the eager output and adapter gradients."""
-    monkeypatch.setattr(adapters, "KRON_FORWARD", "merged")
-    monkeypatch.setattr(adapters, "KRON_MERGED_MIN_TOKENS", 1)
     model = _tiny_qwen3("sdpa", checkpointed, kind="lokr")
+    adapters.set_speed(model, SpeedOptions(kron_forward="merged", kron_merged_min_tokens=1))
     batch = lm_data.collate(PACKED, ((0, 1),), pad_id=0, pad_multiple=64)
     args, kwargs = _layer_inputs(model, batch)
     layer = model.model.layers[1]

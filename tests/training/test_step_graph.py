@@ -152,8 +152,8 @@ def graph_run(
     if start is not None:
         adapters.load_adapter_state(run.transformer, start)
     if graphs:  # what prepare sets on CUDA for compile "step-graph"
-        run.compile = "step-graph"
-        run.step_graphs = step_graph.StepGraphs(CPU)
+        run.engine.mode = "step-graph"
+        run.engine.step_graphs = step_graph.StepGraphs(CPU)
     return run
 
 
@@ -167,7 +167,7 @@ def test_graph_steps_train_as_the_plain_steps(storage, tiny_dit_dir, single_thre
             for window in dit.epoch_windows(run, epoch):
                 result = dit.optimizer_step(run, window)
                 losses.append((result.loss, result.raw_loss, result.grad_norm, result.frames))
-        results[graphs] = (losses, [p.detach().clone() for p in run.params], run.step_graphs)
+        results[graphs] = (losses, [p.detach().clone() for p in run.params], run.engine.step_graphs)
     plain, plain_params, _ = results[False]
     losses, params, graphs = results[True]
     # each window shape is captured once (its first step), later steps replay; shapes past
@@ -207,7 +207,7 @@ def optimizer_tensors(run: dit.DitRun) -> list[torch.Tensor]:
 def test_a_non_finite_graph_step_changes_nothing(
     storage, tiny_dit_dir, single_thread, monkeypatch, optimizer
 ) -> None:
-    """The step-graph update is queued before the host reads the loss (`dit._update_unread`):
+    """The step-graph update is queued before the host reads the loss (`StepEngine._update_unread`):
     a NaN step still leaves the adapter and the optimizer as they were, and is not counted.
     The NaN comes in with the step's noise, an input of the graph, as bad data would (a patched
     loss would be host state the graph bakes in). Muon: the tiny LoRA's factors (short side 4)
@@ -231,13 +231,13 @@ def test_a_non_finite_graph_step_changes_nothing(
     state = optimizer_tensors(run)
     assert state  # the first step made moments
     result = dit.optimizer_step(run, window)  # a replay of the captured body
-    assert not result.finite and run.state.step == 1 and run.step_graphs.replays == 1
+    assert not result.finite and run.state.step == 1 and run.engine.step_graphs.replays == 1
     # exact: the gated step writes nothing (not a tolerance)
     assert all(torch.equal(p, b) for p, b in zip(run.params, before, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(optimizer_tensors(run), state, strict=True))
     poison["on"] = False
     assert dit.optimizer_step(run, window).finite and run.state.step == 2
-    assert run.step_graphs.replays == 2  # the same graph, finite again
+    assert run.engine.step_graphs.replays == 2  # the same graph, finite again
     assert not all(torch.equal(p, b) for p, b in zip(run.params, before, strict=True))
 
 
@@ -265,7 +265,7 @@ def test_resuming_a_fit_with_checkpointed_layers_leaves_step_graph(storage, tiny
     }
     dit._adopt_fit(run, saved)
     assert run.fit.ckpt_layers == 1
-    assert run.compile == "default" and run.step_graphs is None
+    assert run.engine.mode == "default" and run.engine.step_graphs is None
 
 
 def test_input_shapes_tell_masks_batch_and_mode_apart(storage, tiny_dit_dir) -> None:
