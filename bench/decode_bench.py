@@ -1,10 +1,8 @@
 """CPU cost of preprocessing's decode task per song, on one thread (a decode task holds one CPU).
 
 Two measurements, each the best of `--repeat` wall-clock runs after one warm-up:
-- resampling one stereo song at each `--rates` to 48 kHz: the whole filter bank as one strided
-  conv1d (`resample.resample_whole_bank`: every tap, the design before phase groups) against
-  `preprocess.resample` at each phase-group count of `--groups` (`phase_groups`; a count whose
-  groups would overlap runs that same conv1d, listed under `conv1d_at_groups`);
+- resampling one stereo song at each `--rates` to 48 kHz with the one resampler
+  (`hotstep_ray.audio.resample`, libsoxr), through the torch wrapper preprocessing's callers use;
 - the whole decode task (`preprocess.audio_prep.prepare_audio`: probe, codec, stereo, resample,
   cut, peak normalisation) of one 44.1 kHz song per container, written here as a 220 Hz tone
   plus noise (`audio.io.encode_audio`, in 1 s blocks: one long Vorbis write crashes
@@ -12,7 +10,7 @@ Two measurements, each the best of `--repeat` wall-clock runs after one warm-up:
 
     python3 bench/decode_bench.py --seconds 240 --out decode_bench.json
     python3 bench/decode_bench.py --seconds 30 --rates 8000,16000,24000,32000,44100,96000 \\
-        --groups 4 --no-decode-task
+        --no-decode-task
 """
 
 from __future__ import annotations
@@ -59,40 +57,24 @@ def write_song(storage: Storage, key: str, seconds: float) -> None:
     storage.write_bytes(key, encode_audio(audio, RATE, FORMATS[Path(key).suffix]))
 
 
-def resample_times(rate: int, seconds: float, groups: list[int], repeat: int) -> dict:
-    """Seconds to resample `seconds` of stereo noise at `rate` to 48 kHz, per path."""
+def resample_times(rate: int, seconds: float, repeat: int) -> dict:
+    """Seconds to resample `seconds` of stereo noise at `rate` to 48 kHz."""
     audio = 0.1 * torch.randn(2, int(seconds * rate), generator=torch.Generator().manual_seed(0))
-    row: dict = {
-        "conv1d_whole_bank": best_s(
-            lambda: resampling.resample_whole_bank(audio, rate, NEW_RATE), repeat
-        )
-    }
-    for count in groups:
-        row[f"groups_{count}"] = best_s(
-            lambda c=count: resampling.resample(audio, rate, NEW_RATE, phase_groups=c), repeat
-        )
-    row["conv1d_at_groups"] = [  # counts whose groups would overlap: `resample` ran the conv1d
-        count
-        for count in groups
-        if not resampling.uses_phase_groups(rate, NEW_RATE, phase_groups=count)
-    ]
-    return row
+    return {"soxr": best_s(lambda: resampling.resample(audio, rate, NEW_RATE), repeat)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=240.0, help="length of the song")
     parser.add_argument("--rates", default=str(RATE), help="comma list of source rates, Hz")
-    parser.add_argument("--groups", default="1,4,8,16", help="comma list of phase-group counts")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--no-decode-task", action="store_true", help="time the resampling only")
     parser.add_argument("--out", type=Path, default=Path("decode_bench.json"))
     args = parser.parse_args()
     torch.set_num_threads(1)
-    groups = [int(g) for g in args.groups.split(",")]
     report: dict = {"seconds": args.seconds, "threads": 1, "resample_s": {}, "decode_task_s": {}}
     for rate in (int(r) for r in args.rates.split(",")):
-        report["resample_s"][str(rate)] = resample_times(rate, args.seconds, groups, args.repeat)
+        report["resample_s"][str(rate)] = resample_times(rate, args.seconds, args.repeat)
     if not args.no_decode_task:
         with tempfile.TemporaryDirectory() as folder:
             storage = Storage(folder)

@@ -313,8 +313,7 @@ ROWS: tuple[Row, ...] = (
         "preprocess",
         "decode",
         "resampling 30 s stereo from 8-96 kHz to 48 kHz, one thread (CPU)",
-        "--seconds 30 --rates 8000,16000,24000,32000,44100,96000 --groups 4 --repeat 5 "
-        "--no-decode-task",
+        "--seconds 30 --rates 8000,16000,24000,32000,44100,96000 --repeat 5 --no-decode-task",
         device="cpu",
     ),
     # decode: codes -> audio on the audition decoder

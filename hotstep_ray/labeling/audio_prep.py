@@ -1,4 +1,7 @@
-"""Audio shaping shared by the analyzers and the caption providers: mono/stereo, 44.1 kHz, MP3."""
+"""Audio shaping for the analyzers and the caption providers: mono/stereo, 44.1 kHz, MP3.
+
+Resampling and channel layouts are the shared ones (`hotstep_ray.audio`), re-exported here for
+the analyzers."""
 
 from __future__ import annotations
 
@@ -6,6 +9,19 @@ import io
 
 import numpy as np
 import soundfile as sf
+
+from hotstep_ray.audio.channels import to_mono, to_stereo
+from hotstep_ray.audio.resample import resample
+
+__all__ = [
+    "ANALYSIS_RATE_HZ",
+    "MP3_BITRATE_KBPS",
+    "encode_mp3",
+    "essentia_standard",
+    "resample",
+    "to_mono",
+    "to_stereo",
+]
 
 ANALYSIS_RATE_HZ = 44_100  # what Essentia's rhythm and key extractors are tuned for
 MP3_BITRATE_KBPS = 96
@@ -25,43 +41,13 @@ def essentia_standard():
     return es
 
 
-def resample(signal: np.ndarray, rate_hz: int, target_hz: int, quality: int = 4) -> np.ndarray:
-    """Resample a 1-D float32 signal with libsamplerate (through Essentia).
-
-    quality follows libsamplerate: 0 best sinc … 2 fastest sinc, 4 linear. Linear is the default
-    because BPM and key only look below ~5 kHz, where linear interpolation is transparent, and it
-    costs ~0.1 s per 4-minute song where the fastest sinc costs ~0.8 s.
-    """
-    signal = np.ascontiguousarray(signal, dtype=np.float32)
-    if rate_hz == target_hz or signal.size == 0:
-        return signal
-    es = essentia_standard()
-    algo = es.Resample(inputSampleRate=rate_hz, outputSampleRate=target_hz, quality=quality)
-    return np.asarray(algo(signal), dtype=np.float32)
-
-
-def to_mono(audio: np.ndarray) -> np.ndarray:
-    """`[C, T]` -> `[T]` by averaging channels (what Essentia's MonoLoader does)."""
-    audio = np.asarray(audio, dtype=np.float32)
-    return audio if audio.ndim == 1 else audio.mean(axis=0, dtype=np.float32)
-
-
-def to_stereo(audio: np.ndarray) -> np.ndarray:
-    """`[C, T]` -> `[2, T]`: mono is duplicated, channels past the second are dropped."""
-    audio = np.atleast_2d(np.asarray(audio, dtype=np.float32))
-    return np.repeat(audio, 2, axis=0) if audio.shape[0] == 1 else audio[:2]
-
-
 def encode_mp3(audio: np.ndarray, rate_hz: int) -> bytes:
     """`[C, T]` float audio -> 96 kbps CBR stereo 44.1 kHz MP3 bytes (libsndfile's LAME)."""
-    stereo = to_stereo(audio)
-    # The fastest sinc here: this audio is listened to by a model, so no linear-interp dulling.
-    channels = [resample(ch, rate_hz, ANALYSIS_RATE_HZ, quality=2) for ch in stereo]
-    data = np.clip(np.stack(channels, axis=1), -1.0, 1.0)
+    data = np.clip(resample(to_stereo(audio), rate_hz, ANALYSIS_RATE_HZ), -1.0, 1.0)
     buffer = io.BytesIO()
     sf.write(
         buffer,
-        data,
+        data.T,
         ANALYSIS_RATE_HZ,
         format="MP3",
         subtype="MPEG_LAYER_III",

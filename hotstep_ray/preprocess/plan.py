@@ -16,6 +16,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hotstep_ray.audio.resample import RESAMPLER
 from hotstep_ray.core import layout
 from hotstep_ray.core.contracts import DatasetSummary, PreprocessOptions
 from hotstep_ray.core.errors import InputError, StorageError
@@ -236,7 +237,14 @@ def make_plan(
     paths = resolve_models(checkpoints_dir, opts)
     fingerprint = model_fingerprint(paths)
     settings = {name: getattr(opts, name) for name in _SETTING_FIELDS}
-    settings.update(format=FORMAT, fingerprint=fingerprint, model_variant=paths.model_variant)
+    # The resampler is part of what a cached latent depends on (a source at 44.1 kHz is resampled
+    # before encoding): a change of it must re-encode, not reuse.
+    settings.update(
+        format=FORMAT,
+        fingerprint=fingerprint,
+        model_variant=paths.model_variant,
+        resampler=RESAMPLER,
+    )
     summary, json_storage, json_key = _dataset_json_location(storage, slug, events)
     plan = plan_preprocess(json_storage, json_key)
     tensor_dir = layout.tensor_dir(slug, paths.variant_key)

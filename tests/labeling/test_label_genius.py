@@ -3,6 +3,11 @@ all against a fake Genius on 127.0.0.1."""
 
 from __future__ import annotations
 
+import email.utils
+import pickle
+import socket
+import time
+
 import pytest
 
 from hotstep_ray.labeling.genius import (
@@ -17,7 +22,7 @@ from hotstep_ray.labeling.genius import (
     strip_edition,
     strip_featuring,
 )
-from hotstep_ray.labeling.http import HttpClient, ProviderError, retry_after_s
+from hotstep_ray.labeling.http import HttpClient, ProviderError
 
 PAGE = """<html><body>
 <div data-lyrics-container="true"><div data-exclude-from-selection="true">12 Contributors
@@ -158,10 +163,21 @@ def test_429_with_retry_after_then_success(fake_http):
     assert len(calls) == 2 and sleeps == [2.0]
 
 
-def test_retry_after_is_capped_at_15_seconds_and_dates_are_understood():
-    assert retry_after_s("100") == 100.0
-    assert retry_after_s("Wed, 21 Oct 2015 07:28:00 GMT", now=0) > 1e9
-    assert retry_after_s("soon") is None
+def test_retry_after_dates_are_understood_and_junk_falls_back_to_backoff(fake_http):
+    when = email.utils.formatdate(time.time() + 30, usegmt=True)  # an HTTP date 30 s ahead
+    busy = [{"Retry-After": when}, {"Retry-After": "soon"}]
+    reply = fake_http.Reply
+    fake_http.handler = lambda seen: (
+        reply(503, "busy", busy[len(fake_http.requests) - 1])
+        if len(fake_http.requests) <= len(busy)
+        else {"response": {"hits": []}}
+    )
+    client, sleeps = _client(fake_http, max_wait_s=60.0)
+    assert client.search("q") == []
+    assert len(fake_http.requests) == 3 and len(sleeps) == 2
+    # the date has whole seconds and a little time passes before it is read: 28-30 s
+    assert 28.0 <= sleeps[0] <= 30.0
+    assert sleeps[1] == 2.0  # no usable Retry-After: the backoff of the second retry
 
 
 def test_gives_up_after_three_attempts_with_backoff(fake_http):
@@ -196,6 +212,40 @@ def test_timeout_is_retried(fake_http):
     client, sleeps = _client(fake_http, timeout_s=0.2)
     assert client.search("q") == []
     assert len(fake_http.requests) == 2 and sleeps == [1.0]
+
+
+def test_network_errors_are_retried_then_reported(fake_http):
+    with socket.socket() as probe:  # a port nobody listens on once this closes
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    sleeps: list[float] = []
+    client = HttpClient(timeout_s=2.0, sleep=sleeps.append)
+    with pytest.raises(ProviderError, match="gave up after 3 attempts .network error") as info:
+        client.get(f"http://127.0.0.1:{port}/search")
+    assert info.value.status is None and sleeps == [1.0, 2.0]
+
+
+def test_posts_are_retried_and_loopback_skips_the_proxy(fake_http, monkeypatch):
+    # a proxy that refuses everything: reaching the fake server proves loopback bypassed it
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    reply = fake_http.Reply
+    fake_http.handler = lambda seen: (
+        reply(502, "bad gateway") if len(fake_http.requests) == 1 else {"ok": seen.json()}
+    )
+    sleeps: list[float] = []
+    client = HttpClient(timeout_s=2.0, sleep=sleeps.append)
+    assert client.post_json(fake_http.url + "/v1", {"a": 1}).json() == {"ok": {"a": 1}}
+    assert [r.method for r in fake_http.requests] == ["POST", "POST"] and sleeps == [1.0]
+    assert fake_http.requests[1].headers["content-type"] == "application/json"
+
+
+def test_a_used_client_pickles_and_keeps_working(fake_http):
+    fake_http.handler = lambda seen: {"response": {"hits": []}}
+    client, _ = _client(fake_http)
+    assert client.search("q") == []
+    copy = pickle.loads(pickle.dumps(client.http))  # sessions stay behind; a fresh one is made
+    assert copy.get(fake_http.url + "/search?q=x").json() == {"response": {"hits": []}}
 
 
 def test_malformed_json_is_an_error(fake_http):
