@@ -551,10 +551,18 @@ def _check_readable(detail: DatasetDetail, where: str) -> None:
 def label_stage(
     job: Job, storage: Storage, detail: DatasetDetail
 ) -> tuple[LabelReport, DatasetDetail]:
-    """Offline labels (its own `label` job); the analysis cache makes a rerun cheap."""
-    report = label_dataset_on_ray(
-        storage, detail.slug, OFFLINE_LABELS, events=child_sink(job.events)
-    )
+    """Offline labels (its own `label` job); the analysis cache makes a rerun cheap. Without
+    Essentia (the offline labels' ears) the songs keep what their sidecars say, with a warning:
+    the flow goes on rather than stopping a user whose songs are already described."""
+    from hotstep_ray.labeling.providers import ProviderUnavailableError
+
+    try:
+        report = label_dataset_on_ray(
+            storage, detail.slug, OFFLINE_LABELS, events=child_sink(job.events)
+        )
+    except ProviderUnavailableError as exc:
+        job.events.log(f"labels skipped ({exc}): the sidecars' own fields are used", "warn")
+        report = LabelReport(total=len(detail.samples), skipped=str(exc))
     # The sidecars may have changed: rescan (header reads only) so the build sees them.
     return report, load_dataset(storage, detail.slug, map_fn=RayMap(num_cpus=0.5))
 
@@ -1032,8 +1040,10 @@ def _trained(
 
 
 def _label_summary(report: LabelReport) -> str:
+    if report.skipped == "nothing-to-label":
+        return "nothing to label"
     if report.skipped:
-        return f"nothing to label ({report.skipped})"
+        return f"skipped: {report.skipped}"
     cached = report.total - report.analysed
     return f"{report.labeled} labeled, {report.failed} failed, {cached} from the analysis cache"
 

@@ -145,3 +145,34 @@ def test_make_turns_a_folder_into_adapters_and_reruns_only_what_changed(
     # --retrain trains new runs anyway.
     fourth = json.loads(CliRunner().invoke(app, [*train, "--retrain"]).stdout)
     assert fourth["lm"]["run_key"] != third["lm"]["run_key"]
+
+
+@pytest.mark.ray
+def test_without_essentia_the_label_stage_warns_and_the_sidecars_stand(
+    tmp_path, ray_session, monkeypatch
+):
+    """The offline labels need Essentia; without it `make` goes on with what the sidecars say
+    (a warning, not a stop), since a described song needs nothing from the labeler."""
+    from hotstep_ray import main_job
+    from hotstep_ray.core.contracts import CreateDatasetInput
+    from hotstep_ray.core.jobs import Job, read_job_events
+    from hotstep_ray.core.storage import Storage
+    from hotstep_ray.dataset.store import create_dataset
+    from hotstep_ray.labeling.providers import ProviderUnavailableError
+
+    songs = tmp_path / "songs"
+    _write_song(songs, "a.wav", SongSpec("a", 100, "C", "major", 1.0, seed=1), "caption: Keys\n")
+    storage = Storage(tmp_path / "data")
+    detail = create_dataset(storage, CreateDatasetInput(source_dir=str(songs)))
+
+    def no_essentia(*args, **kwargs):
+        raise ProviderUnavailableError("the offline captioner needs Essentia analysis")
+
+    monkeypatch.setattr(main_job, "label_dataset_on_ray", no_essentia)
+    with Job(storage, "build") as job:
+        report, after = main_job.label_stage(job, storage, detail)
+    assert report.skipped == "the offline captioner needs Essentia analysis"
+    assert main_job._label_summary(report).startswith("skipped: ")
+    assert [s.caption for s in after.samples] == ["Keys"]
+    warnings = [e.message for e in read_job_events(storage, job.id) if e.type == "log"]
+    assert any("labels skipped" in message for message in warnings)
