@@ -49,6 +49,7 @@ from typing import Any
 
 from hotstep_ray.audio.example_songs import write_example_songs
 from hotstep_ray.core import layout
+from hotstep_ray.core.compile_cache import use_compile_cache
 from hotstep_ray.core.contracts import (
     AUDIO_EXTENSIONS,
     BuildOptions,
@@ -347,6 +348,7 @@ def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> Ma
     """Run the main job with `config.data` as the storage root; `sinks` see every event."""
     started = time.perf_counter()
     storage = Storage(config.data)
+    use_compile_cache(storage)  # before Ray starts: its workers inherit the cache's place
     reports: list[StageReport] = []
     dit_run = lm_run = None
     ab = None

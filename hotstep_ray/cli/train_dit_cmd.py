@@ -27,6 +27,7 @@ from hotstep_ray.cli.common import (
     print_eval,
     print_json,
 )
+from hotstep_ray.core.compile_cache import use_compile_cache
 from hotstep_ray.core.contracts import TrainDitOptions
 from hotstep_ray.core.events import LogEvent, MetricEvent
 from hotstep_ray.core.jobs import Job
@@ -157,6 +158,7 @@ def _run(
     from hotstep_ray.training import dit, dit_data, ray_dit
 
     storage = Storage(data)
+    use_compile_cache(storage)  # compiled blocks reused by later runs and Ray workers
     options = build_options(dit_data.pick_variant(storage, slug, variant), contract)
     if not variant and not as_json:
         console.print(f"  variant {options.variant_key} (the newest tensor cache of {slug})")

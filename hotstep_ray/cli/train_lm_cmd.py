@@ -29,6 +29,7 @@ from hotstep_ray.cli.common import (
     print_json,
 )
 from hotstep_ray.core import layout
+from hotstep_ray.core.compile_cache import use_compile_cache
 from hotstep_ray.core.contracts import (
     LM_ACTIVATION_BUDGET_DEFAULT,
     LM_COMPILE_DEFAULT,
@@ -196,6 +197,7 @@ def run(
     from hotstep_ray.training import lm
 
     storage = Storage(data)
+    use_compile_cache(storage)  # compiled blocks reused by later runs and Ray workers
     given = {
         "adapter_type": adapter_type,
         "rank": rank,

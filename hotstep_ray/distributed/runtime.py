@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 
+from hotstep_ray.core.compile_cache import compile_cache_vars
+
 # Ray reads these at import/init time: no usage stats from our machines, and no token-auth surprise
 # when a driver joins a `ray start` head (Ray 2.60 enables token auth by default).
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -23,6 +25,9 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: b
         "logging_level": logging.WARNING if quiet else logging.INFO,
         "log_to_driver": not quiet,
     }
+    cache_vars = compile_cache_vars()
+    if cache_vars:  # every worker of this job compiles into (and loads from) the same cache
+        kwargs["runtime_env"] = {"env_vars": cache_vars}
     if address:
         ray.init(address=address, **kwargs)
     else:
