@@ -29,6 +29,7 @@ the contract default (`real_recipe`), except `--epochs`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -70,6 +71,7 @@ from hotstep_ray.core.events import (
     ProgressEvent,
     child_sink,
 )
+from hotstep_ray.core.gpu_sampler import GpuSampler
 from hotstep_ray.core.jobs import Job, read_job_events
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.dataset.store import (
@@ -246,11 +248,19 @@ def real_recipe(lm_size: str, epochs: int | None = None) -> Recipe:
 
 @dataclass(frozen=True)
 class StageReport:
+    """One row of the run's timeline. The GPU fields are None without `nvidia-smi`."""
+
     name: str
     seconds: float
     summary: str
     loss: str = ""  # "first → last" epoch loss, for the trainers
     artifact: str = ""
+    start_s: float = 0.0  # seconds from the job's start
+    loop_s: float | None = None  # trainers: seconds in their epochs (the first one compiles)
+    first_epoch_s: float | None = None  # trainers: the first epoch (compile, graph capture)
+    gpu_busy: float | None = None  # share of 1 s samples in which the GPU ran a kernel
+    gpu_mean_util: float | None = None  # percent
+    gpu_peak_gib: float | None = None  # memory in use on the busiest GPU
 
 
 @dataclass(frozen=True)
@@ -265,6 +275,8 @@ class TrainedAdapter:
     steps: int  # optimizer steps run
     step_losses: list[tuple[int, float]]  # from the step events (every step, or rate-limited)
     saved_reason: str
+    epoch_seconds: list[float] = field(default_factory=list)  # each epoch's loop time, from the log
+    resumed_epochs: int = 0  # epochs a continued run had done before this job continued it
 
     @property
     def adapter_id(self) -> str:
@@ -311,6 +323,7 @@ class MainJobResult:
     ab: AbReport | None = None
     plot_url: str = ""
     seconds: float = 0.0
+    startup_s: float | None = None  # from the process's start to the job's (imports, CLI)
 
     def to_json_dict(self) -> dict[str, Any]:
         """`jobs/<id>/result.json`: every artifact and number, the dataset by slug and id only."""
@@ -328,6 +341,7 @@ class MainJobResult:
             "preprocess": self.preprocess.model_dump(mode="json") if self.preprocess else None,
             "plot_url": self.plot_url,
             "seconds": round(self.seconds, 3),
+            "startup_s": None if self.startup_s is None else round(self.startup_s, 3),
         }
         for name, run in (("dit", self.dit), ("lm", self.lm)):
             out[name] = None if run is None else {**asdict(run), "adapter_id": run.adapter_id}
@@ -347,54 +361,59 @@ class MainJobResult:
 def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> MainJobResult:
     """Run the main job with `config.data` as the storage root; `sinks` see every event."""
     started = time.perf_counter()
+    startup_s = _process_age_s()
     storage = Storage(config.data)
     use_compile_cache(storage)  # before Ray starts: its workers inherit the cache's place
     reports: list[StageReport] = []
     dit_run = lm_run = None
     ab = None
     plot_url = ""
-    with Job(storage, "build", sinks=sinks) as job:
-        with _stage(job, reports, "dataset") as row:
+    with GpuSampler() as gpu, Job(storage, "build", sinks=sinks) as job:
+        clock = _Clock(started, gpu)
+        with _stage(job, reports, "dataset", clock) as row:
             songs, detail = dataset_stage(job, storage, config)
             row.note(f"{len(detail.samples)} songs, dataset {detail.slug!r}", songs.url)
         job.summary.dataset_id = detail.id
-        with _stage(job, reports, "label") as row:
+        with _stage(job, reports, "label", clock) as row:
             label_report, detail = label_stage(job, storage, detail)
             row.note(_label_summary(label_report))
-        with _stage(job, reports, "build") as row:
+        with _stage(job, reports, "build", clock) as row:
             dataset_json_url = build_from_detail(storage, detail, BuildOptions())
             row.note(f"{len(detail.samples)} samples", dataset_json_url)
-        with _stage(job, reports, "checkpoints") as row:
+        with _stage(job, reports, "checkpoints", clock) as row:
             checkpoints, recipe, tiny = checkpoints_stage(job, storage, config)
             row.note("tiny tree (CPU)" if tiny else "real weights", str(checkpoints))
-        with _stage(job, reports, "preprocess") as row:
+        with _stage(job, reports, "preprocess", clock) as row:
             pre = preprocess_stage(job, storage, detail, checkpoints, recipe)
             counts = f"{pre.processed} encoded, {pre.cached} cached, {pre.failed} failed"
             row.note(counts, pre.tensor_dir)
         if config.train:
             where = "Ray Train" if config.ray_train else "in process"
             runs = RunRecord(storage, detail.slug)
-            with _stage(job, reports, "train-dit") as row:
+            with _stage(job, reports, "train-dit", clock) as row:
                 dit_run, how = train_dit_stage(
                     job, storage, detail, pre, checkpoints, recipe, config, runs
                 )
                 row.note(_train_summary(dit_run, how or where), dit_run.url, _loss_change(dit_run))
-            with _stage(job, reports, "train-lm") as row:
+                row.epochs = _epochs_run(dit_run, how)
+            with _stage(job, reports, "train-lm", clock) as row:
                 lm_run, how = train_lm_stage(
                     job, storage, detail, pre, checkpoints, recipe, config, runs
                 )
                 row.note(_train_summary(lm_run, how or where), lm_run.url, _loss_change(lm_run))
+                row.epochs = _epochs_run(lm_run, how)
             if config.audition:
-                with _stage(job, reports, "audition") as row:
+                with _stage(job, reports, "audition", clock) as row:
                     ab = audition_stage(job, storage, detail, checkpoints, lm_run, recipe)
                     row.note(_ab_summary(ab), ab.preview_url)
             else:
-                _skip(job, reports, ("audition",), "--skip-audition")
-            with _stage(job, reports, "report") as row:
+                _skip(job, reports, ("audition",), "--skip-audition", clock)
+            with _stage(job, reports, "report", clock) as row:
                 plot_url = report_stage(storage, job.id, dit_run, lm_run)
                 row.note("loss per step of both runs", plot_url)
         else:
-            _skip(job, reports, ("train-dit", "train-lm", "audition", "report"), "--skip-train")
+            names = ("train-dit", "train-lm", "audition", "report")
+            _skip(job, reports, names, "--skip-train", clock)
         result_key = layout.job_result(job.id)
         result = MainJobResult(
             job_id=job.id,
@@ -413,6 +432,7 @@ def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> Ma
             ab=ab,
             plot_url=plot_url,
             seconds=time.perf_counter() - started,
+            startup_s=startup_s,
         )
         # Before the terminal status: whoever sees `done` finds the result (the studio serves it).
         storage.write_json(result_key, result.to_json_dict())
@@ -739,6 +759,9 @@ def train_dit_stage(
             run_key, train_log = outcome.run_key, outcome.log
     base_model = Path(str(train_log.get("config", {}).get("dit_path", ""))).name
     trained = _trained("dit", sub.id, storage, run_key, train_log, options.adapter_type, base_model)
+    if resume:
+        done = int(storage.read_json(f"{resume}/{MANIFEST}").get("epoch") or 0)
+        trained = dataclasses.replace(trained, resumed_epochs=done)
     runs.finish("dit", trained)
     return trained, "continued" if resume else ""
 
@@ -795,6 +818,7 @@ def train_lm_stage(
     lm_dir = lm.resolve_lm_dir(checkpoints, options.lm_size, options.lm_model)
     manifest = f"{lm.checkpoint_key(plan.run_key)}/{MANIFEST}" if plan.run_key else ""
     resume = bool(manifest) and storage.exists(manifest)
+    resumed_epochs = int(storage.read_json(manifest).get("epoch") or 0) if resume else 0
     run_key = plan.run_key if resume else ""
     if resume:
         job.events.log(f"continuing the interrupted LM run {storage.url_of(run_key)}")
@@ -832,6 +856,8 @@ def train_lm_stage(
     trained = _trained(
         "lm", sub.id, storage, result.run_key, result.log, options.adapter_type, lm_dir.name
     )
+    if resume:
+        trained = dataclasses.replace(trained, resumed_epochs=resumed_epochs)
     runs.finish("lm", trained)
     return trained, "continued" if resume else ""
 
@@ -909,18 +935,27 @@ def report_stage(storage: Storage, job_id: str, *runs: TrainedAdapter) -> str:
 # =============================================================================== helpers
 
 
+@dataclass(frozen=True)
+class _Clock:
+    """The job's timeline: its zero (perf_counter seconds) and the GPU sampler beside it."""
+
+    t0: float
+    gpu: GpuSampler
+
+
 @dataclass
 class _Row:
     summary: str = ""
     artifact: str = ""
     loss: str = ""
+    epochs: list[float] = field(default_factory=list)  # a trainer's epoch loop seconds
 
     def note(self, summary: str, artifact: str = "", loss: str = "") -> None:
         self.summary, self.artifact, self.loss = summary, artifact, loss
 
 
 @contextlib.contextmanager
-def _stage(job: Job, reports: list[StageReport], name: str) -> Iterator[_Row]:
+def _stage(job: Job, reports: list[StageReport], name: str, clock: _Clock) -> Iterator[_Row]:
     """One stage: its phase, its time, one row for the final table and one log line. The phase
     event carries `stage` (an extra key readers may ignore), so a display can tell the main job's
     stages from the phases of the sub-jobs folded into the same stream."""
@@ -930,14 +965,48 @@ def _stage(job: Job, reports: list[StageReport], name: str) -> Iterator[_Row]:
     row = _Row()
     started = time.perf_counter()
     yield row
-    seconds = time.perf_counter() - started
-    reports.append(StageReport(name, seconds, row.summary, row.loss, row.artifact))
-    job.events.log(f"{name}: {row.summary} ({seconds:.1f} s)")
+    ended = time.perf_counter()
+    use = clock.gpu.use(started, ended)
+    report = StageReport(
+        name,
+        ended - started,
+        row.summary,
+        row.loss,
+        row.artifact,
+        start_s=started - clock.t0,
+        loop_s=sum(row.epochs) if row.epochs else None,
+        first_epoch_s=row.epochs[0] if row.epochs else None,
+        gpu_busy=None if use is None else round(use.busy, 3),
+        gpu_mean_util=None if use is None else round(use.mean_util, 1),
+        gpu_peak_gib=None if use is None else round(use.peak_mib / 1024, 2),
+    )
+    reports.append(report)
+    busy = "" if use is None else f", GPU busy {use.busy:.0%}"
+    job.events.log(f"{name}: {row.summary} ({report.seconds:.1f} s{busy})")
 
 
-def _skip(job: Job, reports: list[StageReport], names: tuple[str, ...], flag: str) -> None:
+def _epochs_run(run: TrainedAdapter, how: str) -> list[float]:
+    """The loop seconds of the epochs this job ran (none for a reused run, the continued part of
+    an interrupted one)."""
+    return [] if how == "unchanged, reused" else run.epoch_seconds[run.resumed_epochs :]
+
+
+def _process_age_s() -> float | None:
+    """Seconds since this process started (psutil comes with Ray), None where unknown."""
+    try:
+        import psutil
+
+        return time.time() - psutil.Process().create_time()
+    except (ImportError, OSError):
+        return None
+
+
+def _skip(
+    job: Job, reports: list[StageReport], names: tuple[str, ...], flag: str, clock: _Clock
+) -> None:
+    at = time.perf_counter() - clock.t0
     for name in names:
-        reports.append(StageReport(name, 0.0, f"skipped ({flag})"))
+        reports.append(StageReport(name, 0.0, f"skipped ({flag})", start_s=at))
     job.events.log(f"skipped {', '.join(names)} ({flag})")
 
 
@@ -1038,6 +1107,7 @@ def _trained(
         steps=int(train_log.get("steps") or per_epoch * len(epoch_losses)),
         step_losses=points,
         saved_reason=str(train_log.get("saved_reason", "")),
+        epoch_seconds=[float(row.get("ms") or 0) / 1000 for row in train_log.get("epochs", [])],
     )
 
 

@@ -133,6 +133,16 @@ def test_make_turns_a_folder_into_adapters_and_reruns_only_what_changed(
     assert [p.name for p in lm_runs.iterdir()] == [interrupted.name]
     assert second["lm"]["run_key"].endswith(interrupted.name)
     assert len(second["lm"]["epoch_losses"]) == 4  # the recipe's 4 epochs: 2 before, 2 after
+    # The timeline: stages in order from the job's start; the trainer that ran says how long its
+    # epochs took (the rest of its stage is start-up, loading and export); no GPU here.
+    timeline = {s["name"]: s for s in second["stages"]}
+    starts = [s["start_s"] for s in second["stages"]]
+    assert starts == sorted(starts) and starts[0] >= 0
+    lm_row = timeline["train-lm"]
+    assert 0 < lm_row["first_epoch_s"] <= lm_row["loop_s"] <= lm_row["seconds"]
+    assert timeline["train-dit"]["loop_s"] is None  # reused: nothing ran
+    assert all(s["gpu_busy"] is None for s in second["stages"])
+    assert second["startup_s"] is None or second["startup_s"] > 0
     assert second["lm"]["epoch_losses"][-1] < second["lm"]["epoch_losses"][0]
 
     # Nothing changed since: both runs are reused as they are.

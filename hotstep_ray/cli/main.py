@@ -191,13 +191,26 @@ def _print_dataset(detail) -> None:
 
 
 def _print_stages(result) -> None:
-    table = Table(title=f"main job {result.job_id}: {result.seconds:.0f} s")
+    """The run's timeline: each stage's wall time, for the trainers the part spent in their epochs
+    (the rest is start-up, loading and export; the first epoch holds any compile), and how busy
+    the GPU was (where there is one)."""
+    startup = "" if result.startup_s is None else f", {result.startup_s:.1f} s start-up before it"
+    table = Table(title=f"main job {result.job_id}: {result.seconds:.0f} s{startup}")
+    gpu = any(stage.gpu_busy is not None for stage in result.stages)
     table.add_column("stage")
     table.add_column("time", justify="right")
+    table.add_column("epochs (first)", justify="right")
+    if gpu:
+        table.add_column("GPU busy", justify="right")
     table.add_column("what happened", overflow="fold")
     table.add_column("loss (first → last epoch)", justify="right")
     for stage in result.stages:
-        table.add_row(stage.name, f"{stage.seconds:.1f} s", escape(stage.summary), stage.loss)
+        loop = ""
+        if stage.loop_s is not None:
+            loop = f"{stage.loop_s:.1f} s ({stage.first_epoch_s:.1f} s)"
+        busy = [] if not gpu else ["" if stage.gpu_busy is None else f"{stage.gpu_busy:.0%}"]
+        cells = [stage.name, f"{stage.seconds:.1f} s", loop, *busy, escape(stage.summary)]
+        table.add_row(*cells, stage.loss)
     console.print(table)
     ab = result.ab
     if ab is not None and not ab.base_reproducible:
