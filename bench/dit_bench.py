@@ -53,9 +53,11 @@ from hotstep_ray.core.storage import Storage  # noqa: E402
 from hotstep_ray.models import full_configs as fc  # noqa: E402
 from hotstep_ray.models.tiny_dit import tiny_config  # noqa: E402
 from hotstep_ray.training import (  # noqa: E402
+    compiling,
     dit,
     dit_data,
     dit_vram,
+    dit_windows,
     flat_grads,
     kron_kernels,
     optim,
@@ -304,7 +306,7 @@ def configure(run: dit.DitRun, crop: int, batch: int, ckpt: str) -> None:
         ),
     )
     run.frames = dit_data.batch_frames(run.cache, crop)
-    dit._install_checkpointing(run.transformer, ckpt_layers, trained)
+    compiling.install_checkpointing(run.transformer, ckpt_layers, trained)
 
 
 # ----------------------------------------------------------------------------- attention
@@ -585,7 +587,7 @@ def phase_times(run: dit.DitRun, repeats: int = 3) -> dict[str, Any]:
     for _ in range(repeats):
         step = run.state.step
         t = time.perf_counter()
-        draws = dit.draw_window(run, window, step)
+        draws = dit_windows.draw_window(run.sampling, window, step)
         t = mark("draw", t)
         batch = dit_data.batch_to(
             dit_data.assemble(run.cache, draws.crops[0], run.frames), run.device

@@ -5,6 +5,9 @@ Compiling is GPU-only: on the CPU Inductor's vectorised C++ kernels gave the DiT
 loss but wrong adapter gradients (torch 2.13, 40 % median error on the tiny DiT; right with
 `cpp.simdlen` 1), and CPU runs are test-size models that compiling cannot speed up. Each module
 is compiled on its own with static shapes; identical modules share their graphs.
+
+Also here: selective activation checkpointing of the DiT's blocks (`install_checkpointing`), the
+other knob that decides what a block keeps for its backward.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
 from hotstep_ray.core.errors import InputError
 
@@ -108,3 +112,27 @@ def eager(mode: str) -> contextlib.AbstractContextManager:
     if mode == "off":
         return contextlib.nullcontext()
     return torch.compiler.set_stance("force_eager")
+
+
+class SelectiveCheckpoint:
+    """diffusers calls `_gradient_checkpointing_func(block, *args)` for every block while
+    `gradient_checkpointing` is on; this recomputes only the chosen blocks (non-reentrant, so the
+    key masks that stay set on the processors are re-read identically in backward)."""
+
+    def __init__(self, blocks: set[int]) -> None:
+        self.blocks = blocks
+
+    def __call__(self, block: nn.Module, *args: Any) -> torch.Tensor:
+        if id(block) in self.blocks:
+            return activation_checkpoint(block, *args, use_reentrant=False)
+        return block(*args)
+
+
+def install_checkpointing(transformer: nn.Module, ckpt_layers: int, trained: int) -> None:
+    """Checkpoint the lowest `ckpt_layers` of the `trained` top layers of a diffusers
+    transformer (`transformer.layers`); 0 turns checkpointing off."""
+    layers = transformer.layers
+    first = len(layers) - trained
+    chosen = {id(layers[first + i]) for i in range(ckpt_layers)}
+    transformer.gradient_checkpointing = bool(chosen)
+    transformer._gradient_checkpointing_func = SelectiveCheckpoint(chosen)

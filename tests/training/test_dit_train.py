@@ -19,7 +19,7 @@ from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog, MetricEvent
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.models.acestep_dit import load_acestep_dit
-from hotstep_ray.training import adapters, compiling, dit, dit_data, dit_loss, export
+from hotstep_ray.training import adapters, compiling, dit, dit_data, dit_loss, dit_windows, export
 from hotstep_ray.training.checkpoint import read_manifest
 from hotstep_ray.training.flat_grads import FlatGrads
 from hotstep_ray.training.speed import SpeedOptions
@@ -118,7 +118,7 @@ def test_folded_micro_batches_train_as_the_accumulated_ones(
                 shapes.append(len(crops)) or original(cache, crops, frames, **kwargs)
             ),
         )
-        dit.optimizer_step(folded, dit.epoch_windows(folded, 5)[0])
+        dit.optimizer_step(folded, dit_windows.epoch_windows(folded.sampling, 5)[0])
     assert shapes == [2]
     with pytest.raises(InputError, match="fold_accum"):
         run_training(storage, tiny_dit_dir, options, fold_accum="sometimes")
@@ -188,11 +188,11 @@ def test_export_reload_reproduces_the_trainers_loss(
 
 def test_checkpointed_layers_give_the_same_gradients(storage, tiny_dit_dir, single_thread) -> None:
     run = dit.setup(fast_options(), storage, SLUG, settings(tiny_dit_dir))
-    window = dit.epoch_windows(run, 1)[0]
+    window = dit_windows.epoch_windows(run.sampling, 1)[0]
     grads = []
     for ckpt_layers in (0, 4):
-        dit._install_checkpointing(run.transformer, ckpt_layers, 4)
-        draws = dit.draw_window(run, window, step=0)
+        compiling.install_checkpointing(run.transformer, ckpt_layers, 4)
+        draws = dit_windows.draw_window(run.sampling, window, step=0)
         run.optimizer.zero_grad(set_to_none=True)
         out = dit.micro_batch_loss(
             run,
@@ -318,7 +318,7 @@ def test_graph_mode_accumulates_into_stable_gradient_buffers(
     eager = dit.setup(options, storage, SLUG, settings(tiny_dit_dir, speed=speed))
     graphs = dit.setup(options, storage, SLUG, settings(tiny_dit_dir, speed=speed))
     graphs.engine.mode = "reduce-overhead"
-    window = dit.epoch_windows(eager, 1)[0]
+    window = dit_windows.epoch_windows(eager.sampling, 1)[0]
     assert len(window) == 2  # two micro-batches accumulate into one step
     first = dit.optimizer_step(graphs, window)
     buffers = {id(p): p.grad for p in graphs.params}
@@ -356,9 +356,10 @@ def test_inputs_prepared_during_the_previous_backward_give_the_same_steps(
     options = fast_options(grad_accum=2, batch=2)
     plain = dit.setup(options, storage, SLUG, settings(tiny_dit_dir))
     ahead = dit.setup(options, storage, SLUG, settings(tiny_dit_dir))
-    windows = [dit.epoch_windows(plain, epoch)[0] for epoch in range(3)]
+    windows = [dit_windows.epoch_windows(plain.sampling, epoch)[0] for epoch in range(3)]
     want = [dit.optimizer_step(plain, w) for w in windows]
-    ahead.engine.prefetched = dit.prepare_window(ahead, windows[1], 7)  # another step's: ignored
+    # another step's: ignored
+    ahead.engine.prefetched = dit_windows.prepare_window(ahead.sampling, windows[1], 7)
     got = [dit.optimizer_step(ahead, windows[0], windows[1])]
     assert ahead.engine.prefetched is not None and ahead.engine.prefetched.step == 1
     assert ahead.engine.prefetched.window == list(windows[1])
@@ -381,7 +382,7 @@ def test_a_graph_fault_in_the_first_steps_falls_back_to_plain_compiled_blocks(
     graphs and redoes the same step; out-of-memory is not treated as a graph fault."""
     options = fast_options(grad_accum=1, batch=1)
     eager = dit.setup(options, storage, SLUG, settings(tiny_dit_dir))
-    window = dit.epoch_windows(eager, 1)[0]
+    window = dit_windows.epoch_windows(eager.sampling, 1)[0]
     want = dit.optimizer_step(eager, window)
 
     events: list = []
@@ -444,8 +445,8 @@ def test_compiled_blocks_give_the_eager_gradients(storage, tiny_dit_dir, single_
     losses, grads = [], []
     for run in runs:
         adapters.load_adapter_state(run.transformer, start)
-        window = dit.epoch_windows(run, 1)[0]
-        draws = dit.draw_window(run, window, 0)
+        window = dit_windows.epoch_windows(run.sampling, 1)[0]
+        draws = dit_windows.draw_window(run.sampling, window, 0)
         with inductor_config.patch({"cpp.simdlen": 1}):  # compiled on the first call
             out = dit.micro_batch_loss(
                 run,

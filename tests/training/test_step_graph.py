@@ -18,7 +18,7 @@ from test_dit_support import (  # noqa: F401  (fixtures)
 
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.training import adapters, dit, step_graph
+from hotstep_ray.training import adapters, dit, dit_windows, step_graph
 
 CPU = torch.device("cpu")
 
@@ -164,7 +164,7 @@ def test_graph_steps_train_as_the_plain_steps(storage, tiny_dit_dir, single_thre
         run = graph_run(storage, tiny_dit_dir, start, graphs)
         losses = []
         for epoch in range(1, 7):  # enough steps that a shape replays more than once
-            for window in dit.epoch_windows(run, epoch):
+            for window in dit_windows.epoch_windows(run.sampling, epoch):
                 result = dit.optimizer_step(run, window)
                 losses.append((result.loss, result.raw_loss, result.grad_norm, result.frames))
         results[graphs] = (losses, [p.detach().clone() for p in run.params], run.engine.step_graphs)
@@ -215,9 +215,9 @@ def test_a_non_finite_graph_step_changes_nothing(
     gates."""
     run = graph_run(storage, tiny_dit_dir, None, graphs=True, optimizer=optimizer, muon_min_dim=2)
     assert bool(run.optimizer.muon) is (optimizer == "muon")
-    window = dit.epoch_windows(run, 1)[0]
+    window = dit_windows.epoch_windows(run.sampling, 1)[0]
     assert dit.optimizer_step(run, window).finite  # captured (and counted)
-    original = dit.draw_noise
+    original = dit_windows.draw_noise
     poison = {"on": True}
 
     def poisoned(*args, **kwargs):
@@ -226,7 +226,7 @@ def test_a_non_finite_graph_step_changes_nothing(
             noise[0, 0, 0] = float("nan")
         return noise
 
-    monkeypatch.setattr(dit, "draw_noise", poisoned)
+    monkeypatch.setattr(dit_windows, "draw_noise", poisoned)
     before = [p.detach().clone() for p in run.params]
     state = optimizer_tensors(run)
     assert state  # the first step made moments
@@ -276,12 +276,13 @@ def test_input_shapes_tell_masks_batch_and_mode_apart(storage, tiny_dit_dir) -> 
         SLUG,
         dit.DitSettings(checkpoints_dir=str(tiny_dit_dir)),
     )
-    windows = dit.epoch_windows(run, 1)
-    two, one = (dit.prepare_window(run, w, 0) for w in windows[:2])
-    assert dit.input_shapes(two, 1, True) == dit.input_shapes(two, 1, True)
-    assert dit.input_shapes(two, 1, True) != dit.input_shapes(one, 1, True)  # batch 2 vs 1
-    assert dit.input_shapes(two, 1, True) != dit.input_shapes(two, 1, False)  # train vs eval
-    assert dit.input_shapes(two, 1, True) != dit.input_shapes(two, 2, True)  # fold
-    masked = dit.input_shapes(two, 1, True)[0][0]
+    windows = dit_windows.epoch_windows(run.sampling, 1)
+    two, one = (dit_windows.prepare_window(run.sampling, w, 0) for w in windows[:2])
+    shapes = dit_windows.input_shapes
+    assert shapes(two, 1, True) == shapes(two, 1, True)
+    assert shapes(two, 1, True) != shapes(one, 1, True)  # batch 2 vs 1
+    assert shapes(two, 1, True) != shapes(two, 1, False)  # train vs eval
+    assert shapes(two, 1, True) != shapes(two, 2, True)  # fold
+    masked = shapes(two, 1, True)[0][0]
     two.host[0].latent_mask = None  # no padding in this batch: a different graph
-    assert dit.input_shapes(two, 1, True)[0][0] != masked
+    assert shapes(two, 1, True)[0][0] != masked

@@ -1,0 +1,319 @@
+"""What the DiT recipe's `setup` resolves before it builds a run: the settings beyond the
+contract, the device and its memory budget, the fit, the adapter spec and its seeded injection,
+the blocks' compile mode, the run folder and a warm start, the trigger, the optimizer and the LR
+schedule, and the opening log."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hotstep_ray.core import layout
+from hotstep_ray.core.contracts import TrainDitOptions, schedule_steps
+from hotstep_ray.core.errors import InputError
+from hotstep_ray.core.events import EventLog, MetricEvent
+from hotstep_ray.core.storage import Storage
+from hotstep_ray.training import adapters, dit_data, dit_vram, export
+from hotstep_ray.training.adapters import AdapterSpec
+from hotstep_ray.training.engine import graph_mode
+from hotstep_ray.training.optim import HybridOptimizer, build_optimizer
+from hotstep_ray.training.schedule import LrSchedule
+from hotstep_ray.training.speed import SpeedOptions
+
+FOLD_MODES = ("auto", "on", "off")
+
+
+@dataclass
+class DitSettings:
+    """Run settings that are not part of the `TrainDitOptions` contract."""
+
+    dit_folder: str | None = None  # explicit DiT checkpoint folder (else from the cache's meta)
+    checkpoints_dir: str | None = None  # where DiT folders live (official or diffusers layout)
+    artist: str = ""  # adapter folder name; "" = options.adapter_name or the dataset slug
+    trigger: str | None = None  # None = the variant's preprocess_meta custom_tag
+    trigger_position: str | None = None  # None = the cache's tag_position, else prepend
+    lora_dropout: float = 0.0
+    zero_groups: tuple[str, ...] = ()  # projection groups exported as zeros (e.g. "q", "k")
+    milestone_every_epochs: int = 0  # also a milestone every N epochs (0 = off)
+    export_interval_s: float = 60.0  # at most one best-export per interval (the last one always)
+    checkpoint_interval_s: float = 300.0  # epoch-end checkpoints at most this often
+    checkpoint_every_steps: int = 0  # also checkpoint every N optimizer steps (0 = off)
+    step_event_interval_s: float = 1.0  # rate limit of per-step metric events
+    vram_budget_gb: float | None = None  # None: CUDA free memory - reserve; CPU unlimited
+    device: str | None = None  # None: cuda if available else cpu
+    window_rule: str = "sdpa"  # sliding-window convention (models.acestep_wrappers)
+    # Run an optimizer window's micro-batches as fewer, larger ones when memory allows
+    # (`dit_vram.fold_factor`; same draws, same loss): auto = on CUDA, off on the CPU.
+    fold_accum: str = "auto"  # FOLD_MODES
+    run_key: str | None = None  # fixed run folder (the Ray driver picks it for every worker)
+    resume: str | None = None  # storage key of a checkpoint folder to continue from
+    rank: int = 0
+    world_size: int = 1
+    speed: SpeedOptions = field(default_factory=SpeedOptions)  # adapter forwards, flat gradients
+
+    def __post_init__(self) -> None:
+        if isinstance(self.speed, dict):  # `ray_dit` ships the settings as `asdict`'s dict
+            self.speed = SpeedOptions(**self.speed)
+
+
+def fit_run(
+    options: TrainDitOptions,
+    settings: DitSettings,
+    dims: dit_vram.DitDims,
+    spec: AdapterSpec,
+    cache: dit_data.TensorCache,
+    device: torch.device,
+    compiled: bool,
+) -> dit_vram.VramFit:
+    """Crop, checkpointed layers and batch for this device's memory budget (`dit_vram.fit`);
+    `compiled`: the blocks will run torch.compile'd (they keep fewer activations). Also checks
+    `fold_accum`, the other memory-bound choice (`DitRun`'s fold factor)."""
+    fit = dit_vram.fit(
+        dims,
+        spec,
+        options,
+        longest_song=cache.longest,
+        songs=len(cache.songs),
+        condition_len=cache.condition_len,
+        budget_bytes=budget_bytes(settings, options, device),
+        compiled=compiled,
+        speed=settings.speed,
+    )
+    if settings.fold_accum not in FOLD_MODES:
+        raise InputError(f"fold_accum {settings.fold_accum!r}: expected auto, on or off")
+    return fit
+
+
+def block_mode(
+    requested: str,
+    mode: str,
+    ckpt_layers: int,
+    dropout: float,
+    blocks: int,
+    events: EventLog | None,
+) -> str:
+    """The DiT blocks' compile mode once the fit is known (`engine.graph_mode`), logged."""
+    chosen = graph_mode(requested, mode, ckpt_layers, dropout)
+    if events and requested == "step-graph" and chosen != "step-graph":
+        events.log(
+            "compile step-graph: checkpointed layers and adapter dropout are not captured "
+            "(their recompute and random draws live outside the graph); compiled blocks instead",
+            "warn",
+        )
+    if events and chosen != "off":
+        events.log(
+            f"torch.compile ({chosen}) of the {blocks} DiT blocks: the first step of each new "
+            "crop/batch shape compiles (about a minute), then steps run at full speed",
+        )
+    return chosen
+
+
+def pick_device(settings: DitSettings) -> torch.device:
+    if settings.device:
+        return torch.device(settings.device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def budget_bytes(
+    settings: DitSettings, options: TrainDitOptions, device: torch.device
+) -> float | None:
+    """Bytes the run may use: the given budget, else the GPU's free memory minus the reserve."""
+    budget = None if settings.vram_budget_gb is None else settings.vram_budget_gb * dit_vram.GB
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        available = free - options.vram_reserve_mb * 1e6
+        budget = available if budget is None else min(budget, available)
+    return budget
+
+
+def adapter_spec(
+    options: TrainDitOptions, settings: DitSettings, dims: dit_vram.DitDims
+) -> AdapterSpec:
+    """The options' adapter on the top `layers` of the DiT, with `lora_dropout` (LoRA only)."""
+    base = AdapterSpec.from_options(options)
+    trained = dit_vram.trained_layers(options, dims)
+    if base.kind != "lora" and settings.lora_dropout:
+        raise InputError(f"lora_dropout {settings.lora_dropout} is LoRA's; a LoKR adapter has none")
+    update: dict[str, Any] = {"dropout": settings.lora_dropout if base.kind == "lora" else 0.0}
+    if trained < dims.layers:
+        update["layers_to_train"] = tuple(range(dims.layers - trained, dims.layers))
+    return AdapterSpec.model_validate({**base.model_dump(), **update})
+
+
+def inject_adapter(
+    transformer: torch.nn.Module,
+    spec: AdapterSpec,
+    speed: SpeedOptions,
+    seed: int,
+    device: torch.device,
+) -> None:
+    """Seeded adapter init (peft draws LoRA A / LoKR w1 from the global RNG): every worker of a
+    run and every rerun start from the same weights; the global RNG is left as it was."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(dit_data.derived_seed(seed, "adapter-init"))
+        adapters.inject(transformer, spec, speed)
+
+
+def build_dit_optimizer(
+    trainable: list[tuple[str, torch.nn.Parameter]], options: TrainDitOptions
+) -> HybridOptimizer:
+    """Hybrid Muon/AdamW over the adapter's named parameters, as the options say."""
+    return build_optimizer(
+        trainable,
+        options.optimizer,
+        options.effective_learning_rate,
+        options.effective_weight_decay,
+        muon_lr_scale=options.muon_lr_scale,
+        muon_momentum=options.muon_momentum,
+        muon_ns_steps=options.muon_ns_steps,
+        muon_min_dim=options.muon_min_dim,
+        muon_ns_precision=options.muon_ns_precision,
+    )
+
+
+def build_schedule(
+    options: TrainDitOptions, settings: DitSettings, cache: dit_data.TensorCache, batch: int
+) -> LrSchedule:
+    """LR schedule over this rank's optimizer steps (warmup and total as `schedule_steps`)."""
+    plan = dit_data.plan_epoch(cache.repeats, batch, options.seed, 1, options.order)
+    micro_batches = len(dit_data.shard_plan(plan, settings.rank, settings.world_size))
+    per_epoch, total, warmup = schedule_steps(
+        micro_batches, options.epochs, 1, options.grad_accum, options.warmup_ratio
+    )
+    return LrSchedule(total_steps=total, warmup_steps=warmup, steps_per_epoch=per_epoch)
+
+
+def resolve_trigger(settings: DitSettings, cache: dit_data.TensorCache) -> tuple[str | None, str]:
+    """--trigger wins, else the tag the tensors were preprocessed with (the cache's meta or file
+    headers), whatever the dataset says now."""
+    tag, position = cache.trigger()
+    trigger = settings.trigger if settings.trigger is not None else tag
+    return trigger or None, settings.trigger_position or position
+
+
+def run_folder(
+    options: TrainDitOptions, storage: Storage, settings: DitSettings, dataset: str, dit_name: str
+) -> tuple[str, str, str]:
+    """(adapter base, artist, run key): `adapters/dit-<shorthand>/<artist>/<run>/`, the run
+    folder fixed by `settings.run_key` (one for every worker) or a new one."""
+    artist = layout.check_name(settings.artist or options.adapter_name or dataset, "artist")
+    base = layout.dit_adapter_base(dit_name)
+    if settings.run_key:
+        return base, artist, settings.run_key
+    if settings.world_size > 1:
+        raise InputError("several workers need one run folder: pass settings.run_key")
+    return base, artist, layout.new_run_dir(storage, base, artist)
+
+
+def check_run_folder(options: TrainDitOptions, storage: Storage, settings: DitSettings) -> None:
+    """Refuse to train into a named run folder (`run_key`) that already holds a run unless the
+    request continues it (`resume`) or replaces it (`overwrite`): its adapter and log would be
+    overwritten by a run from scratch. Entry points call this; Ray's restarted workers, which
+    reuse their own folder, do not."""
+    key = settings.run_key
+    if key and not settings.resume and not options.overwrite and storage.list(key):
+        raise InputError(
+            f"{storage.url_of(key)} already holds a run: pass --resume with its checkpoint to "
+            "continue it, --overwrite to replace it, or no --run-key for a new folder"
+        )
+
+
+def init_adapter(
+    options: TrainDitOptions,
+    settings: DitSettings,
+    storage: Storage,
+    transformer: torch.nn.Module,
+    base: str,
+    artist: str,
+    run_key: str,
+    events: EventLog | None,
+) -> str | None:
+    """Warm start: `init_adapter` "latest" = the newest earlier run of this artist (skipped when
+    none exists or its shapes differ), "" = from scratch, else a storage key. Returns the key
+    loaded, None when the adapter starts fresh. Stages without train export the adapter as it
+    starts: refused when nothing is loaded and nothing is resumed."""
+    key = _load_init_adapter(options, storage, transformer, base, artist, run_key, events)
+    if "train" not in options.stages and not settings.resume and key is None:
+        raise InputError(
+            "stages without train export the adapter as it starts, and nothing was loaded: pass "
+            "--resume with a trained run's checkpoint (or --init-adapter with one to re-export)"
+        )
+    return key
+
+
+def _load_init_adapter(
+    options: TrainDitOptions,
+    storage: Storage,
+    transformer: torch.nn.Module,
+    base: str,
+    artist: str,
+    run_key: str,
+    events: EventLog | None,
+) -> str | None:
+    if not options.init_adapter:
+        return None
+    if options.init_adapter == "latest":  # never a `-calibrated` folder (calibration output)
+        key = layout.latest_run_dir(storage, f"{base}/{artist}", skip_calibrated=True)
+        key = key or layout.resolve_adapter(storage, base, artist)
+        if key is None or key == run_key or key.endswith("-calibrated"):
+            return None
+    else:
+        key = options.init_adapter
+    try:
+        export.load_exported(transformer, storage, key, rename=export.ACESTEP_OFFICIAL_NAMES)
+    except InputError as exc:
+        if options.init_adapter != "latest":
+            raise
+        if events:
+            events.log(f"init adapter {key} does not fit this run, starting fresh: {exc}", "warn")
+        return None
+    if events:
+        events.log(f"adapter initialised from {key}")
+    return key
+
+
+def announce(
+    events: EventLog | None,
+    *,
+    options: TrainDitOptions,
+    spec: AdapterSpec,
+    dims: dit_vram.DitDims,
+    fit: dit_vram.VramFit,
+    dit_name: str,
+    variant: str,
+    optimizer_split: str,
+    schedule: LrSchedule,
+    fold: int,
+    cache: dit_data.TensorCache,
+) -> None:
+    """The run's opening log line, the fit's notes, and the `vram` and `data` metric events."""
+    if events is None:
+        return
+    events.log(
+        f"train-dit {spec.kind} on {dit_name} ({variant}): "
+        f"{fit.trained_layers}/{dims.layers} layers, crop {fit.crop_frames} frames, "
+        f"batch {fit.batch}, {fit.ckpt_layers} layers checkpointed, "
+        f"optimizer {options.optimizer} ({optimizer_split}), {schedule.total_steps} steps"
+        + (
+            f"; each step's {options.grad_accum} micro-batches run {fold} at a "
+            f"time (batch {fit.batch * fold} per forward, same loss)"
+            if fold > 1
+            else ""
+        )
+    )
+    for note in fit.notes:
+        events.log(note, "warn")
+    events.emit(MetricEvent(metric="vram", **fit.to_dict()))
+    events.emit(
+        MetricEvent(
+            metric="data",
+            **cache.summary(),
+            batch=fit.batch,
+            steps_per_epoch=schedule.steps_per_epoch,
+            total_steps=schedule.total_steps,
+            warmup_steps=schedule.warmup_steps,
+        )
+    )
