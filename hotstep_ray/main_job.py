@@ -804,7 +804,6 @@ def train_lm_stage(
     """The LM adapter run on the cache's 5 Hz codes, as its own `train-lm` job (reused, continued
     or new, as the DiT's). The trigger is each song's tag as preprocessed (the dataset's
     `custom_tag`)."""
-    from hotstep_ray.cli.train_lm_cmd import find_codes
     from hotstep_ray.training import lm
 
     # Only the recipe's explicitly set fields (plus these two) count as given: with a warm start
@@ -826,7 +825,7 @@ def train_lm_stage(
         spec = lm.LmTrainSpec(
             options=options,
             lm_dir=str(lm_dir),
-            codes_key=find_codes(storage, detail.slug, pre.variant_key),
+            codes_key=layout.find_lm_codes(storage, detail.slug, pre.variant_key),
             artist=detail.slug,
             engine=recipe.lm_engine,
             events_key=layout.job_events(sub.id) if config.ray_train else "",

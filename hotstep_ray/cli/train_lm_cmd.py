@@ -35,10 +35,8 @@ from hotstep_ray.core.contracts import (
     LM_COMPILE_DEFAULT,
     TrainLmOptions,
 )
-from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import LogEvent, MetricEvent
 from hotstep_ray.core.jobs import Job
-from hotstep_ray.core.layout import LM_CODES_FILE as CODES_FILE
 from hotstep_ray.core.storage import Storage
 
 app = typer.Typer(
@@ -53,21 +51,7 @@ def _group() -> None:
     """Train 5 Hz LM (planner) adapters: `train-lm run SLUG …`."""
 
 
-def find_codes(storage: Storage, slug: str, variant: str = "") -> str:
-    """Key of `tensors/<slug>/<variant>/lm_codes.jsonl`; without a variant, the only one present
-    or the most recently written."""
-    if variant:
-        key = f"{layout.tensor_dir(slug, variant)}/{CODES_FILE}"
-        if not storage.exists(key):
-            raise InputError(f"{storage.url_of(key)}: missing (run preprocess for that variant)")
-        return key
-    parent = layout.dataset_tensors(slug)
-    found = [
-        f"{d}/{CODES_FILE}" for d in storage.list(parent) if storage.exists(f"{d}/{CODES_FILE}")
-    ]
-    if not found:
-        raise InputError(f"no {CODES_FILE} under {storage.url_of(parent)}: run preprocess first")
-    return max(found, key=storage.mtime_ns)
+find_codes = layout.find_lm_codes  # the codes file's lookup lives with the layout
 
 
 def lm_folder(checkpoints: str, options: TrainLmOptions) -> tuple[Path, TrainLmOptions]:

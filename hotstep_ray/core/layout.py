@@ -295,3 +295,22 @@ def latest_mm3_lm_run(storage: Storage, name: str) -> str | None:
         and storage.exists(f"{key}/{ADAPTER_WEIGHT_FILES[0]}")
     ]
     return max(runs, key=lambda k: k.rsplit("/", 1)[-1]) if runs else None
+
+
+def find_lm_codes(storage: Storage, slug: str, variant: str = "") -> str:
+    """Key of `tensors/<slug>/<variant>/lm_codes.jsonl`; without a variant, the only one present
+    or the most recently written."""
+    if variant:
+        key = f"{tensor_dir(slug, variant)}/{LM_CODES_FILE}"
+        if not storage.exists(key):
+            raise InputError(f"{storage.url_of(key)}: missing (run preprocess for that variant)")
+        return key
+    parent = dataset_tensors(slug)
+    found = [
+        f"{d}/{LM_CODES_FILE}"
+        for d in storage.list(parent)
+        if storage.exists(f"{d}/{LM_CODES_FILE}")
+    ]
+    if not found:
+        raise InputError(f"no {LM_CODES_FILE} under {storage.url_of(parent)}: run preprocess first")
+    return max(found, key=storage.mtime_ns)

@@ -99,7 +99,6 @@ def preprocess(ctx: StageContext, entry: Callable[..., Any]) -> Any:
 def train_lm(ctx: StageContext, entry: Callable[..., Any]) -> Any:
     """LM training as a Ray Train job. Its rank-0 worker appends events to a side file; a tail
     thread folds them into this job so the SSE stream shows the loss as it goes."""
-    from hotstep_ray.cli.train_lm_cmd import find_codes
     from hotstep_ray.training import lm
 
     _need_checkpoints(ctx)
@@ -107,7 +106,7 @@ def train_lm(ctx: StageContext, entry: Callable[..., Any]) -> Any:
     name = options.adapter_name or ctx.slug
     given = {**options.model_dump(exclude_unset=True), "adapter_name": name}
     recipe = TrainLmOptions(**given)
-    codes_key = find_codes(ctx.storage, ctx.slug, options.variant_key)
+    codes_key = layout.find_lm_codes(ctx.storage, ctx.slug, options.variant_key)
     side_key = layout.job_side_events(ctx.job.id, "train_events")
     spec = lm.LmTrainSpec(
         options=recipe,

@@ -108,3 +108,25 @@ def test_job_and_tensor_files_are_named_in_one_place():
     )
     with pytest.raises(InputError):
         layout.job_side_events("j1", "../escape")
+
+
+def test_find_lm_codes_picks_the_variant_or_the_newest_and_says_what_is_missing(tmp_path):
+    import os
+
+    import pytest
+
+    from hotstep_ray.core.errors import InputError
+    from hotstep_ray.core.layout import find_lm_codes, tensor_dir
+    from hotstep_ray.core.storage import Storage
+
+    storage = Storage(tmp_path)
+    with pytest.raises(InputError, match="run preprocess first"):
+        find_lm_codes(storage, "band")
+    old, new = (f"{tensor_dir('band', v)}/lm_codes.jsonl" for v in ("base", "turbo"))
+    for key, stamp in ((old, 1_000), (new, 2_000)):
+        storage.write_text(key, "{}\n")
+        os.utime(storage.local_path(key), (stamp, stamp))
+    assert find_lm_codes(storage, "band") == new  # the most recently written
+    assert find_lm_codes(storage, "band", "base") == old
+    with pytest.raises(InputError, match="missing"):
+        find_lm_codes(storage, "band", "sft")
