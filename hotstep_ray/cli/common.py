@@ -6,6 +6,7 @@ import contextlib
 import functools
 import inspect
 import json
+import re
 import sys
 from collections.abc import Callable, Container, Iterator
 from difflib import get_close_matches
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_origin
 
 import typer
 import typer.core
+from pydantic import ValidationError
 from rich.console import Console
 
 from hotstep_ray.core.errors import HotstepError
@@ -51,18 +53,176 @@ def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
     return typer.Exit(code)
 
 
+def fail_lines(messages: list[str], code: int = EXIT_USAGE) -> typer.Exit:
+    """`fail` for several messages: one red `error:` line each."""
+    for message in messages[:-1]:
+        err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return fail(messages[-1] if messages else "invalid input", code)
+
+
 def handle_errors(func: F) -> F:
     """Decorator: a `HotstepError` (or ValueError from validation) becomes a one-line message and
-    exit code 2; anything else propagates with its traceback (a bug, not bad input)."""
+    exit code 2; anything else propagates with its traceback (a bug, not bad input). A pydantic
+    `ValidationError` (a contract built from the options) becomes one line per error, naming the
+    option (`error: --epochs must be ≥ 1 (got -3)`)."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
+        except ValidationError as exc:
+            raise fail_lines(validation_messages(exc, _option_flags(func), kwargs)) from exc
         except (HotstepError, ValueError, FileNotFoundError) as exc:
             raise fail(str(exc)) from exc
 
     return wrapper  # type: ignore[return-value]
+
+
+def _option_flags(func: Callable[..., Any]) -> dict[str, str]:
+    """Parameter name -> the long flag that sets it (`size` -> `--size`, `dit_folder` -> `--dit`,
+    `calibrate` -> `--calibrate` of `--calibrate/--no-calibrate`), for the options of `func`."""
+    flags = {}
+    for name, param in inspect.signature(func).parameters.items():
+        decls = [
+            part
+            for decl in getattr(param.default, "param_decls", None) or ()
+            for part in decl.split("/")
+            if part.startswith("--")
+        ]
+        flags[name] = decls[0] if decls else "--" + name.replace("_", "-")
+    return flags
+
+
+def validation_messages(
+    exc: ValidationError, flags: dict[str, str] | None = None, values: dict[str, Any] | None = None
+) -> list[str]:
+    """One line per error of `exc`: `--flag must be <what is allowed> (got <value>)`.
+
+    A field is named by the command-line flag that set it: the parameter of the same name, else
+    the one option whose value is the rejected input (`train-lm --size` sets `lm_size`). A field no
+    option set (a stored file's) is named `<field> (<Model>)`; an error of the whole contract (a
+    model validator's) is its own message, its field names spelt as their flags."""
+    flags = flags or {}
+    values = values or {}
+    lines = []
+    for error in exc.errors(include_url=False):
+        loc = [part for part in error.get("loc", ()) if isinstance(part, str)]
+        if not loc:
+            lines.append(_spell_flags(_requirement(error), flags))
+            continue
+        field = _snake(loc[0])
+        flag = _flag_of(field, error.get("input"), flags, values)
+        name = flag or f"{'.'.join(_snake(part) for part in loc)} ({exc.title})"
+        requirement = _requirement(error)
+        if error["type"] in ("missing", "extra_forbidden"):
+            lines.append(f"{name} {requirement}")
+        else:
+            lines.append(f"{name} {requirement} (got {_shown(error.get('input'))})")
+    return lines
+
+
+def _snake(name: str) -> str:
+    """`adapterType` (a field's camelCase alias) -> `adapter_type`; snake_case stays."""
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).lower()
+
+
+def _flag_of(field: str, rejected: Any, flags: dict[str, str], values: dict[str, Any]) -> str:
+    if field in flags:
+        return flags[field]
+    holders = [name for name, value in values.items() if name in flags and _holds(value, rejected)]
+    if len(holders) > 1:  # the same value in several options: the one of the same type
+        holders = [name for name in holders if _same_type(values[name], rejected)] or holders
+    if len(holders) > 1:  # ... and named like the field (`size`, `lr` for `learning_rate`)
+        holders = [name for name in holders if _named_like(name, field)] or holders
+    return flags[holders[0]] if len(holders) == 1 else ""
+
+
+def _same_type(value: Any, rejected: Any) -> bool:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return any(type(item) is type(rejected) for item in items)
+
+
+def _named_like(option: str, field: str) -> bool:
+    initials = "".join(part[:1] for part in field.split("_"))
+    return option in field or field in option or option == initials
+
+
+def _holds(value: Any, rejected: Any) -> bool:
+    if value is None or isinstance(value, bool) != isinstance(rejected, bool):
+        return False
+    if isinstance(value, (list, tuple)) and not isinstance(rejected, (list, tuple)):
+        return any(_holds(item, rejected) for item in value)
+    return value == rejected or str(value) == str(rejected)
+
+
+def _spell_flags(message: str, flags: dict[str, str]) -> str:
+    """`t_min (0.6) must be below t_max (0.2)` -> `--t-min (0.6) must be below --t-max (0.2)`
+    for the snake_case names that are options of the command."""
+
+    def flag(match: re.Match[str]) -> str:
+        return flags.get(match.group(0), match.group(0))
+
+    return re.sub(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b", flag, message)
+
+
+def _number(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _choices(expected: str) -> str:
+    """pydantic's `'lora' or 'lokr'` / `'a', 'b' or 'c'` -> `lora, lokr`."""
+    found = re.findall(r"'((?:[^'\\]|\\.)*)'", expected)
+    return ", ".join(found) if found else expected
+
+
+def _requirement(error: Any) -> str:
+    """What `error` asks of the value, as the middle of `--flag must be ...`."""
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    bounds = {
+        "greater_than_equal": ("≥", "ge"),
+        "greater_than": (">", "gt"),
+        "less_than_equal": ("≤", "le"),
+        "less_than": ("<", "lt"),
+    }
+    if kind in bounds:
+        sign, key = bounds[kind]
+        return f"must be {sign} {_number(ctx.get(key))}"
+    if kind in ("literal_error", "enum"):
+        return f"must be one of {_choices(str(ctx.get('expected', '')))}"
+    if kind in ("value_error", "assertion_error") and "error" in ctx:
+        return str(ctx["error"])
+    simple = {
+        "int_parsing": "must be an integer",
+        "int_type": "must be an integer",
+        "int_from_float": "must be a whole number",
+        "float_parsing": "must be a number",
+        "float_type": "must be a number",
+        "finite_number": "must be a finite number",
+        "bool_parsing": "must be true or false",
+        "bool_type": "must be true or false",
+        "missing": "is required",
+        "extra_forbidden": "is not a known option",
+        "multiple_of": f"must be a multiple of {_number(ctx.get('multiple_of'))}",
+        "string_too_short": f"must be at least {ctx.get('min_length')} characters",
+        "string_too_long": f"must be at most {ctx.get('max_length')} characters",
+        "too_short": f"must have at least {ctx.get('min_length')} items",
+        "too_long": f"must have at most {ctx.get('max_length')} items",
+    }
+    if kind in simple:
+        return simple[kind]
+    message = str(error.get("msg", "is invalid"))
+    return "is invalid: " + message[:1].lower() + message[1:]
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, str):
+        return value if value.strip() else repr(value)
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(_shown, value))
+    if isinstance(value, dict):
+        return "an object"
+    return _number(value)
 
 
 @contextlib.contextmanager
