@@ -12,6 +12,9 @@ Persistence and resume:
   `.bak`), then the label record (status, error, provenance, labeledAt).
 - "Labeled" means the sidecar has a caption, so a job killed half-way and rerun with
   `scope=unlabeled` picks up exactly the samples that did not finish.
+
+One label run per dataset at a time: a run holds the dataset's lock (`core.locks.label_lock`)
+from before it selects its samples until it ends, and a second one refuses at once.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from typing import Any
 
 from hotstep_ray.core.contracts import DatasetSummary, FieldSource, LabelOptions, Sample
 from hotstep_ray.core.errors import InputError
-from hotstep_ray.core.events import EventLog, EventSink, SampleEvent
+from hotstep_ray.core.events import EventLog, EventSink, LogEvent, SampleEvent
 from hotstep_ray.core.jobs import Job
+from hotstep_ray.core.locks import StorageLock, label_lock
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.dataset.dataset_json import normalize_language
 from hotstep_ray.dataset.scan import SOURCED_FIELDS, probe_sample
@@ -330,6 +334,33 @@ def label_dataset(
         executors: one map function per stage (Ray actor pools, see `ray_pool`).
         env: where keys are read (default `os.environ`).
     """
+    with dataset_label_lock(storage, slug, events):
+        return label_dataset_locked(
+            storage, slug, options, map_fn, providers, events, executors, env
+        )
+
+
+def dataset_label_lock(storage: Storage, slug: str, events: EventSink | None) -> StorageLock:
+    """The dataset's label lock, its takeover warning sent to `events`."""
+
+    def warn(message: str) -> None:
+        if events is not None:
+            events(LogEvent(level="warn", message=message))
+
+    return label_lock(storage, slug, warn=warn if events is not None else None)
+
+
+def label_dataset_locked(
+    storage: Storage,
+    slug: str,
+    options: LabelOptions | None = None,
+    map_fn: MapFn = map,
+    providers: Providers | None = None,
+    events: EventSink | None = None,
+    executors: LabelExecutors | None = None,
+    env: Mapping[str, str] | None = None,
+) -> LabelReport:
+    """`label_dataset` for a caller that holds the dataset's label lock already."""
     options = options or LabelOptions()
     if options.use_understand:
         raise InputError("use_understand (the legacy ace-understand step) is not supported")

@@ -24,7 +24,12 @@ from hotstep_ray.core.contracts import LabelOptions
 from hotstep_ray.core.events import EventSink
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.distributed.runtime import ensure_ray
-from hotstep_ray.labeling.job import LabelExecutors, LabelReport, label_dataset
+from hotstep_ray.labeling.job import (
+    LabelExecutors,
+    LabelReport,
+    dataset_label_lock,
+    label_dataset_locked,
+)
 from hotstep_ray.labeling.providers import Providers
 
 
@@ -181,10 +186,11 @@ def label_dataset_on_ray(
     ray_address: str | None = None,
 ) -> LabelReport:
     """`label_dataset` with one actor pool per stage on the Ray cluster at `ray_address`
-    (default: the running one, `$RAY_ADDRESS`, or a new local one)."""
+    (default: the running one, `$RAY_ADDRESS`, or a new local one). The dataset's label lock is
+    taken before any pool starts: a second run refuses without starting actors."""
     ensure_ray(ray_address)
-    with LabelPools(pool) as pools:
-        return label_dataset(
+    with dataset_label_lock(storage, slug, events), LabelPools(pool) as pools:
+        return label_dataset_locked(
             storage,
             slug,
             options,

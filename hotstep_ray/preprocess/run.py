@@ -4,6 +4,10 @@ The plain path encodes samples (shortest first) in batches of `batch_size`, deco
 batch on threads meanwhile, writes each sample's files as soon as they exist, and finally writes
 the variant files. Models load only when there is something to encode, so a fully cached rerun
 costs a dataset.json read, a listing and a few header reads.
+
+A run holds the (dataset, variant) lock (`core.locks.preprocess_lock`) from before it plans until
+it ends: a second run on the same variant refuses at once instead of encoding every song again
+and racing the first on the same files.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ from hotstep_ray.core import layout
 from hotstep_ray.core.contracts import SAMPLE_RATE_HZ, PreprocessOptions
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog
+from hotstep_ray.core.locks import preprocess_lock
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.preprocess.cache import SampleOutputs, read_sample, write_outputs
 from hotstep_ray.preprocess.finalize import PreprocessResult, finalize
 from hotstep_ray.preprocess.items import VAE_BATCH_FRAMES
+from hotstep_ray.preprocess.model_paths import resolve_models
 from hotstep_ray.preprocess.plan import META_FILE, RunPlan, make_plan
 from hotstep_ray.preprocess.stages import decode_job, encode_decoded, encoder_settings, plan_info
 
@@ -53,6 +59,39 @@ def preprocess_dataset(
     """
     if executor not in ("local", "ray"):
         raise InputError(f"unknown executor {executor!r}; use 'local' or 'ray'")
+    variant = resolve_models(checkpoints_dir, options).variant_key
+    warn = (lambda message: events.log(message, "warn")) if events else None
+    with preprocess_lock(storage, slug, variant, warn=warn):
+        return _preprocess_locked(
+            storage,
+            slug,
+            options,
+            checkpoints_dir,
+            executor,
+            events,
+            batch_size=batch_size,
+            vae_batch_frames=vae_batch_frames,
+            device=device,
+            ray_address=ray_address,
+            ray_config=ray_config,
+        )
+
+
+def _preprocess_locked(
+    storage: Storage,
+    slug: str,
+    options: PreprocessOptions,
+    checkpoints_dir: str | Path,
+    executor: Executor,
+    events: EventLog | None,
+    *,
+    batch_size: int,
+    vae_batch_frames: int,
+    device: str | None,
+    ray_address: str | None,
+    ray_config: RayPipelineConfig | None,
+) -> PreprocessResult:
+    """`preprocess_dataset` once its lock is held."""
     plan = make_plan(storage, slug, options, str(checkpoints_dir), events)
     if events:
         reasons: dict[str, int] = {}
