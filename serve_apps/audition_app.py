@@ -31,6 +31,7 @@ from ray.serve.handle import DeploymentHandle
 
 from hotstep_ray.audition.errors import EngineSuspendedError, NotFoundError
 from hotstep_ray.audition.http_api import error_response, guarded_api, remote
+from hotstep_ray.core.contracts import AUDITION_DECODER_GPUS, AUDITION_DIT_GPUS, AUDITION_LM_GPUS
 
 # This module is not a package on the workers' path: ship its classes by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -59,9 +60,9 @@ class AuditionAppConfig(BaseModel):
     # (graph/compiled), for the base's step speed and its compiled code; on | off
     merge_adapters: str = "auto"
     warm_planner: bool = True  # graph/compiled: capture the 30 s and 240 s steps at replica start
-    decoder_gpus: float = 0.25  # fractional: the decoder shares a card
-    lm_gpus: float = 0.5
-    dit_gpus: float = 0.5
+    decoder_gpus: float = AUDITION_DECODER_GPUS  # fractional: the decoder shares a card
+    lm_gpus: float = AUDITION_LM_GPUS
+    dit_gpus: float = AUDITION_DIT_GPUS
     replica_cpus: float = 0.5
     cpu_threads: int = 1  # torch threads per replica on CPU (2-core boxes oversubscribe)
     max_body_bytes: int = 1 << 20

@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
+from pydantic.alias_generators import to_camel
+
 from hotstep_ray.audition.errors import NotFoundError
 from hotstep_ray.audition.schemas import TriggerInfo
 from hotstep_ray.core import layout
@@ -49,7 +51,9 @@ class AdapterEntry:
     trigger: TriggerInfo
 
     def to_json_dict(self) -> dict:
-        out = asdict(self)
+        """camelCase keys (`baseFolder`, `sizeBytes`, `trainedAt`), as every other route and the
+        trigger's own contract."""
+        out = {to_camel(name): value for name, value in asdict(self).items()}
         out["trigger"] = self.trigger.to_json_dict()
         return out
 

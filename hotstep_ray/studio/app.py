@@ -30,7 +30,7 @@ from hotstep_ray.studio.context import Studio
 from hotstep_ray.studio.errors import ConflictError, NotFoundError, status_of
 from hotstep_ray.studio.records import result_key
 from hotstep_ray.studio.security import BodyLimitMiddleware, token_matches
-from hotstep_ray.studio.sse import SSE_HEADERS, sse_frame
+from hotstep_ray.studio.sse import KEEPALIVE_FRAME, SSE_HEADERS, sse_frame
 
 log = logging.getLogger(__name__)
 API_PREFIX = "/api/training"
@@ -76,7 +76,7 @@ def create_app(config: StudioConfig) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     _install_error_handlers(app)
     app.include_router(datasets_api.router(studio), prefix=API_PREFIX)
-    app.include_router(_jobs_router(studio), prefix=API_PREFIX)
+    app.include_router(_jobs_router(studio, config.sse_keepalive_s), prefix=API_PREFIX)
     app.include_router(previews_api.router(studio), prefix=API_PREFIX)
     app.include_router(page.router())
 
@@ -151,7 +151,7 @@ def _check_option_paths(studio: Studio, options: Any) -> None:
                 raise PathNotAllowedError(f"{name}: {exc}") from exc
 
 
-def _jobs_router(studio: Studio) -> APIRouter:
+def _jobs_router(studio: Studio, keepalive_s: float) -> APIRouter:
     api = APIRouter()
     jobs = studio.jobs
 
@@ -205,11 +205,13 @@ def _jobs_router(studio: Studio) -> APIRouter:
         stream = await asyncio.to_thread(jobs.stream, job_id)
 
         async def frames() -> AsyncIterator[str]:
+            clock = asyncio.get_running_loop().time
             events, seq = stream.buffer.snapshot()
             if not any(getattr(e, "type", "") == "job" for e in events):
                 yield sse_frame(JobEvent(job=stream.summary))  # the seed's first frame
             for event in events:
                 yield sse_frame(event)
+            last_sent = clock()
             while True:
                 # `finished` is read before draining, so a status that lands in between is
                 # still sent before the stream closes.
@@ -217,9 +219,14 @@ def _jobs_router(studio: Studio) -> APIRouter:
                 events, seq = stream.buffer.since(seq)
                 for event in events:
                     yield sse_frame(event)
+                if events:
+                    last_sent = clock()
                 if finished or await request.is_disconnected():
                     return
-                await asyncio.sleep(SSE_POLL_S)
+                if clock() - last_sent >= keepalive_s:
+                    yield KEEPALIVE_FRAME  # a comment: keeps proxies from closing a quiet stream
+                    last_sent = clock()
+                await asyncio.sleep(min(SSE_POLL_S, keepalive_s))
                 await asyncio.to_thread(stream.refresh)
 
         return StreamingResponse(frames(), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -15,13 +15,18 @@ word is applied by the audition classes from the adapter's metadata, as the audi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from pydantic import Field
 
 from hotstep_ray.core import layout
-from hotstep_ray.core.contracts import Options
+from hotstep_ray.core.contracts import (
+    AUDITION_DECODER_GPUS,
+    AUDITION_DIT_GPUS,
+    AUDITION_LM_GPUS,
+    Options,
+)
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventSink, LogEvent
 from hotstep_ray.core.storage import Storage
@@ -45,6 +50,20 @@ class AuditionJobOptions(Options):
     variant_key: str = ""  # dit: the tensor-cache variant whose DiT renders; "" = newest
     format: Literal["wav", "flac"] = "wav"
     device: str = ""  # "" = cuda when present
+
+
+def runner_actor_options(
+    options: AuditionJobOptions, cluster_resources: Mapping[str, float]
+) -> dict[str, Any]:
+    """The job runner renders in its own process, and Ray hides every GPU from an actor that
+    asks for none: on a cluster with GPUs it asks for the share the audition Serve replicas of
+    the same engines take (dit: the DiT's; lm: the planner's plus the decoder's). A CPU cluster,
+    or `device: cpu`, asks for none."""
+    if options.device == "cpu" or not cluster_resources.get("GPU", 0):
+        return {}
+    if options.engine == "dit":
+        return {"num_gpus": AUDITION_DIT_GPUS}
+    return {"num_gpus": AUDITION_LM_GPUS + AUDITION_DECODER_GPUS}
 
 
 def audition_dataset(

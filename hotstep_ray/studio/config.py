@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from hotstep_ray.studio.sse import SSE_KEEPALIVE_S
+
 TOKEN_ENV = "HOTSTEP_TOKEN"
 ROOTS_ENV = "HOTSTEP_STUDIO_ROOTS"  # os.pathsep-separated folders/URLs requests may name
 CHECKPOINTS_ENV = "HOTSTEP_CHECKPOINTS"
@@ -29,6 +31,7 @@ class StudioConfig:
     ray_address: Ray to join for jobs ("" = the running one, `$RAY_ADDRESS`, or a local one).
     checkpoints: the `checkpoints/` folder capabilities report on ("" = `<data>/checkpoints`).
     storage_options: fsspec options for `data` (e.g. an S3 endpoint in tests).
+    sse_keepalive_s: seconds of silence after which an event stream sends a keep-alive comment.
     """
 
     data: str
@@ -38,6 +41,7 @@ class StudioConfig:
     checkpoints: str = ""
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     storage_options: dict[str, Any] = field(default_factory=dict)
+    sse_keepalive_s: float = SSE_KEEPALIVE_S
 
     @classmethod
     def from_env(cls, data: str, **overrides: Any) -> StudioConfig:

@@ -349,7 +349,7 @@ class JobManager:
                 self._jobs.pop(job_id, None)
             raise
         try:
-            self._start(active, kind, actor_options or {})
+            self._start(active, kind, options, actor_options or {})
         except Exception as exc:  # Ray unreachable, bad actor options: the job never started
             with active.lock:
                 self._end_active(active, "failed", f"could not start: {exc}")
@@ -357,10 +357,12 @@ class JobManager:
             raise ServiceUnavailableError(f"could not start the job on Ray: {exc}") from exc
         return active.summary
 
-    def _start(self, active: ActiveJob, kind: str, actor_options: dict[str, Any]) -> None:
+    def _start(
+        self, active: ActiveJob, kind: str, job_options: BaseModel, actor_options: dict[str, Any]
+    ) -> None:
         ray = self.ray()
-        spec = stages.STAGES[kind]
-        options = {"num_cpus": 0, **spec.actor_options, **actor_options}
+        needs = stages.runner_actor_options(kind, job_options, ray.cluster_resources())
+        options = {"num_cpus": 0, **needs, **actor_options}
         runner = _runner_class(ray).options(
             name=active.meta.actor_name,
             namespace=NAMESPACE,

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import Field
 
 from hotstep_ray.core import layout
-from hotstep_ray.core.contracts import TERMINAL_JOB_STATUSES, JobSummary
+from hotstep_ray.core.contracts import JOB_PHASES, TERMINAL_JOB_STATUSES, JobSummary
 from hotstep_ray.core.errors import HotstepError, InputError
 from hotstep_ray.core.events import JobEvent, StatusEvent, now_ms, to_line
 from hotstep_ray.core.storage import Storage
@@ -97,16 +97,41 @@ def list_stored(storage: Storage) -> list[JobSummary]:
     return [s for i, s in summaries.items() if i not in children]
 
 
-def _end_record(storage: Storage, job_id: str, status: str, error: str) -> JobSummary | None:
+PROGRESS_FIELDS = ("phase", "done", "total", "failed", "current_sample_id")
+
+
+def _reached(summary: JobSummary) -> tuple[int, int]:
+    """How far a record says its job got: (phase rank, items done). A phase the kind does not
+    list (calibrate, a stage's own) ranks after the listed ones; `queued` ranks first."""
+    phases = JOB_PHASES.get(summary.kind, ("queued",))
+    if summary.phase in phases:
+        return phases.index(summary.phase), summary.done
+    return (0 if summary.phase == "queued" else len(phases)), summary.done
+
+
+def furthest_progress(stored: JobSummary, live: JobSummary) -> dict[str, Any]:
+    """The progress fields of whichever record got further (`live` on a tie): an ended job
+    keeps the phase and counts it reached, whichever of its records saw them last."""
+    source = live if _reached(live) >= _reached(stored) else stored
+    return {name: getattr(source, name) for name in PROGRESS_FIELDS}
+
+
+def _end_record(
+    storage: Storage, job_id: str, status: str, error: str, live: JobSummary | None = None
+) -> JobSummary | None:
     """Rewrite `job.json` as terminal and append the closing frames to `events.jsonl`, unless it
-    already ended; returns the new summary (None when there was nothing to end)."""
+    already ended; returns the new summary (None when there was nothing to end). `live`: the
+    caller's view of the job, whose progress wins when it got further than the stored one."""
     key = layout.job_record(job_id)
     if not storage.exists(key):
         return None
     summary = JobSummary.model_validate(storage.read_json(key))
     if summary.status in TERMINAL_JOB_STATUSES:
         return None
-    summary = summary.model_copy(update={"status": status, "error": error, "finished_at": now_ms()})
+    update: dict[str, Any] = {"status": status, "error": error, "finished_at": now_ms()}
+    if live is not None:
+        update.update(furthest_progress(summary, live))
+    summary = summary.model_copy(update=update)
     storage.write_json(key, summary.to_json_dict())
     events_key = layout.job_events(job_id)
     storage.append_line(events_key, to_line(JobEvent(job=summary)))
@@ -115,8 +140,9 @@ def _end_record(storage: Storage, job_id: str, status: str, error: str) -> JobSu
 
 
 def end_stored_job(storage: Storage, meta: StudioJobMeta, status: str, error: str) -> StudioJobMeta:
-    """Mark a studio job (and its stage-internal records) terminal in storage."""
-    ended = _end_record(storage, meta.id, status, error)
+    """Mark a studio job (and its stage-internal records) terminal in storage, keeping the
+    furthest phase and counts either `meta` or the job's own `job.json` reached."""
+    ended = _end_record(storage, meta.id, status, error, live=meta)
     if ended is None:
         # job.json already terminal (or never written): keep its word, else use ours.
         record = layout.job_record(meta.id)

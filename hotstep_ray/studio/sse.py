@@ -35,6 +35,13 @@ SSE_HEADERS = {
 }
 
 
+# An SSE comment line, which clients ignore: sent after this long without a frame, so a proxy's
+# idle timeout (commonly 30-60 s) does not cut a stream while a stage works silently (loading
+# models before its first progress event).
+SSE_KEEPALIVE_S = 15.0
+KEEPALIVE_FRAME = ": keep-alive\n\n"
+
+
 def sse_frame(event: Any) -> str:
     """One unnamed SSE frame (`data: <json>\\n\\n`), the seed's framing: no `event:`/`id:`."""
     line = event if isinstance(event, str) else to_line(event)

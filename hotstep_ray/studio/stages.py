@@ -41,6 +41,9 @@ class StageSpec:
     actor_options: Ray options of the runner actor. The runner only orchestrates (the stages fan
         their own work out as Ray tasks, actor pools or a TorchTrainer), so it reserves nothing by
         default; a stage that computes in-process sets its CPU/GPU/`VRAM_GB` needs here.
+    runner_resources: `module:function(options, cluster_resources) -> actor options`, for a
+        stage whose needs depend on its options or on the cluster (a GPU share only where the
+        cluster has GPUs); "" = none.
     """
 
     kind: str
@@ -49,6 +52,7 @@ class StageSpec:
     runner: str = "hotstep_ray.studio.runners:dataset_entry"
     needs: tuple[str, ...] = ()  # checkpoint kinds (`models.discovery`) it cannot run without
     actor_options: dict[str, Any] = field(default_factory=dict)
+    runner_resources: str = ""
 
 
 _CONTRACTS = "hotstep_ray.core.contracts"
@@ -98,6 +102,7 @@ STAGES: dict[str, StageSpec] = {
             ("hotstep_ray.studio.audition_job:audition_dataset",),
             f"{_RUNNERS}:audition",
             needs=("dit", "vae", "text_encoder"),
+            runner_resources="hotstep_ray.studio.audition_job:runner_actor_options",
         ),
     )
 }
@@ -174,6 +179,20 @@ def resolve(kind: str) -> Resolved:
         wanted = " or ".join(spec.entries)
         raise StageUnavailableError(f"{kind} is not available yet (looked for {wanted})")
     return Resolved(entry, options_model, spec.runner)
+
+
+def runner_actor_options(
+    kind: str, options: BaseModel, cluster_resources: dict[str, float]
+) -> dict[str, Any]:
+    """The runner actor's Ray options for a job of `kind` with `options` on a cluster holding
+    `cluster_resources` (`ray.cluster_resources()`): the spec's own, then its `runner_resources`
+    hook's."""
+    spec = STAGES[kind]
+    values = dict(spec.actor_options)
+    hook = _import(spec.runner_resources) if spec.runner_resources else None
+    if hook is not None:
+        values.update(hook(options, cluster_resources))
+    return values
 
 
 def availability() -> dict[str, dict[str, Any]]:

@@ -75,8 +75,10 @@ def test_health_docs_auth_and_catalogue(base_url, runs):
     assert requests.get(base_url + "/adapters", timeout=30).status_code == 401
     wrong = {"Authorization": "Bearer nope"}
     assert requests.get(base_url + "/adapters", headers=wrong, timeout=30).status_code == 401
-    ids = {a["id"] for a in _get(base_url, "/adapters").json()}
+    listed = _get(base_url, "/adapters").json()
+    ids = {a["id"] for a in listed}
     assert runs["lm"].removeprefix("adapters/") in ids
+    assert all({"baseFolder", "sizeBytes", "trainedAt"} <= set(a) for a in listed)  # camelCase
 
 
 def test_decode_returns_a_wav_of_codes_times_0_2_s(base_url):

@@ -207,3 +207,30 @@ def test_serve_config_points_at_the_studio_builder():
     assert callable(getattr(importlib.import_module(module), attr))
     (deployment,) = application["deployments"]
     assert deployment["name"] == "Studio" and deployment["num_replicas"] == 1
+
+
+def test_shipped_audition_gpu_shares_are_the_ones_defined_in_contracts():
+    """YAML cannot import the constants: each shipped audition Serve config is checked against
+    them, so the shares stay defined once (`core.contracts`) for the Serve app's defaults, the
+    YAMLs and the studio's audition job."""
+    from hotstep_ray.core.contracts import (
+        AUDITION_DECODER_GPUS,
+        AUDITION_DIT_GPUS,
+        AUDITION_LM_GPUS,
+    )
+
+    wanted = {
+        "CodesDecoder": AUDITION_DECODER_GPUS,
+        "PlannerLM": AUDITION_LM_GPUS,
+        "DitAudition": AUDITION_DIT_GPUS,
+        "AuditionIngress": 0,
+    }
+    (service,) = _load("cluster/kuberay-rayservice.yaml")
+    in_cluster = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
+    local = _load("serve_apps/audition.yaml")[0]["applications"]
+    for applications in (in_cluster, local):
+        (audition,) = [a for a in applications if a["name"] == "audition"]
+        shares = {
+            d["name"]: d["ray_actor_options"].get("num_gpus", 0) for d in audition["deployments"]
+        }
+        assert shares == wanted

@@ -87,3 +87,31 @@ def test_frames_and_jsonl_replay():
     buffer = buffer_from_jsonl("\n".join(lines))
     events = buffer.snapshot()[0]
     assert len(events) == 2000 and _types(events).count("sample") == 3 and buffer.terminal()
+
+
+def test_a_quiet_stream_gets_keep_alive_comments(make_client):
+    """A job that says nothing for a while (a stage loading its models) still sends a comment
+    line every `sse_keepalive_s`, so a proxy's idle timeout does not cut the stream; the
+    frames after it arrive as usual."""
+    import threading
+
+    from hotstep_ray.core.jobs import Job
+    from hotstep_ray.studio.app import storage_of
+    from hotstep_ray.studio.config import StudioConfig
+
+    assert StudioConfig(data="x").sse_keepalive_s == 15.0
+    client = make_client(sse_keepalive_s=0.05)
+    job = Job(storage_of(client.app), "build")  # a CLI job, still running: the stream tails it
+    job.__enter__()
+    ender = threading.Timer(0.8, job.__exit__, (None, None, None))
+    ender.start()
+    lines = []
+    with client.stream("GET", f"/api/training/jobs/{job.id}/events") as response:
+        assert response.status_code == 200
+        lines = [line for line in response.iter_lines() if line]
+    ender.join()
+    assert lines.count(": keep-alive") >= 3, lines
+    frames = [json.loads(line[len("data: ") :]) for line in lines if line.startswith("data: ")]
+    assert frames[0]["type"] == "job"
+    assert (frames[-1]["type"], frames[-1]["status"]) == ("status", "done")
+    assert set(lines) <= {": keep-alive"} | {line for line in lines if line.startswith("data: ")}
