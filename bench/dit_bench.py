@@ -396,8 +396,11 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
     # As the trainer runs: each step prepares the next one's inputs during its backward (the
     # bench's next window is the same crops; `--no-prefetch` times steps that assemble their own)
     upcoming = window if args.prefetch else None
+    warmup_started = time.perf_counter()
     losses = [dit.optimizer_step(run, window, upcoming).loss for _ in range(args.warmup)]
     synchronize(device)
+    # the warm-up holds any compile and graph capture: with a warm compile cache it shrinks
+    warmup_s = time.perf_counter() - warmup_started
     if device.type == "cuda":
         torch.cuda.empty_cache()  # so the reserved peak is this row's, not an earlier row's
         torch.cuda.reset_peak_memory_stats(device)
@@ -442,6 +445,7 @@ def measure(args, run: dit.DitRun, crop: int, batch: int) -> dict[str, Any]:
         "fold": run.engine.fold,
         "prefetch": args.prefetch,
         "step_ms": round(median, 2),
+        "warmup_s": round(warmup_s, 2),
         "step_ms_min": round(min(times), 2),
         "step_ms_all": [round(t, 2) for t in times],
         "frames": frames,
