@@ -31,6 +31,8 @@ def _source(storage: Storage, key: str):
 
 def probe_audio(storage: Storage, key: str) -> AudioInfo:
     """Header-only read of an audio file's length and format."""
+    if storage.size(key) == 0:  # libsndfile would call it "Format not recognised"
+        raise InputError(f"cannot read audio {storage.url_of(key)}: the file is empty (0 bytes)")
     try:
         info = sf.info(_source(storage, key))
     except Exception as exc:  # libsndfile raises RuntimeError/LibsndfileError for unknown formats

@@ -172,13 +172,18 @@ def missing_sample(source: Storage, rel_path: str) -> Sample:
     return sample_from_sidecar(source, rel_path, LoadedSidecar(), file_missing=True)
 
 
-def summary_warnings(present: int, missing: int, source_url: str) -> list[str]:
-    """Dataset-level warnings: no or too few samples, files gone from disk."""
+def summary_warnings(present: int, missing: int, source_url: str, unreadable: int = 0) -> list[str]:
+    """Dataset-level warnings: no or too few usable samples, unreadable files, files gone from
+    disk. "Only N samples" counts the songs that can be read: an unreadable file trains nothing."""
     warnings: list[str] = []
+    usable = present - unreadable
     if not present:
         warnings.append(f"No audio files found in {source_url}")
-    elif present < MIN_RECOMMENDED_SAMPLES:
-        warnings.append(f"Only {present} samples — {MIN_RECOMMENDED_SAMPLES}+ recommended")
+    elif usable < MIN_RECOMMENDED_SAMPLES:
+        counted = (
+            f"{usable} of {present} samples can be read" if unreadable else f"{usable} samples"
+        )
+        warnings.append(f"Only {counted} — {MIN_RECOMMENDED_SAMPLES}+ recommended")
     if missing:
         warnings.append(f"{missing} file(s) are missing from disk")
     return warnings
@@ -209,7 +214,8 @@ def scan_folder(
     samples.sort(key=lambda s: s.rel_path)
     file_warnings = [f"{s.rel_path}: {s.error}" for s in samples if s.error]
     missing = sum(1 for s in samples if s.file_missing)
-    counts = summary_warnings(len(samples) - missing, missing, source.url)
+    unreadable = sum(1 for s in samples if not s.file_missing and s.error and not s.duration)
+    counts = summary_warnings(len(samples) - missing, missing, source.url, unreadable)
     return ScanResult(samples, warnings + cap_warnings + file_warnings + counts)
 
 

@@ -195,3 +195,23 @@ def test_scan_preview(storage):
             "Only 3 samples — 10+ recommended",
         ],
     )
+
+
+def test_an_empty_file_says_empty_and_unreadable_files_are_not_counted(tmp_path):
+    """`dataset build` on a folder with an empty and a corrupt file: each says what is wrong with
+    it, and the "Only N samples" warning counts the one song that can be read."""
+    import numpy as np
+
+    from hotstep_ray.audio.io import encode_audio
+    from hotstep_ray.core.storage import Storage
+    from hotstep_ray.dataset.scan import scan_folder
+
+    (tmp_path / "empty.wav").write_bytes(b"")
+    (tmp_path / "corrupt.wav").write_bytes(b"RIFF....WAVEnot audio")
+    tone = np.zeros((2, 4800), dtype=np.float32)
+    (tmp_path / "good.wav").write_bytes(encode_audio(tone, 48_000, "WAV"))
+    result = scan_folder(Storage(tmp_path))
+    by_name = {s.rel_path: s for s in result.samples}
+    assert "the file is empty (0 bytes)" in by_name["empty.wav"].error
+    assert by_name["good.wav"].error == ""
+    assert "Only 1 of 3 samples can be read — 10+ recommended" in result.warnings
