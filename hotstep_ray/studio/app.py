@@ -29,7 +29,7 @@ from hotstep_ray.studio.config import StudioConfig
 from hotstep_ray.studio.context import Studio
 from hotstep_ray.studio.errors import ConflictError, NotFoundError, status_of
 from hotstep_ray.studio.records import result_key
-from hotstep_ray.studio.security import BodyLimitMiddleware, token_matches
+from hotstep_ray.studio.security import BodyLimitMiddleware, PathGuard, token_matches
 from hotstep_ray.studio.sse import KEEPALIVE_FRAME, SSE_HEADERS, sse_frame
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,10 @@ API_PREFIX = "/api/training"
 SSE_POLL_S = 0.1
 # Option fields that name a path: each must stay inside the allowed roots.
 PATH_OPTIONS = ("output_path", "output_dir", "init_adapter")
+# A model folder is a name under the checkpoints folder, or an absolute path inside it or an
+# allowed root; a variant key is a bare name (it becomes a path segment of the tensor cache).
+MODEL_OPTIONS = ("dit_model", "vae_model", "lm_model")
+NAME_OPTIONS = ("variant_key",)
 
 
 HEALTH_PATH = "/api/health"  # answered without a token: {"ok", "authorized"} (+ storage if so)
@@ -149,6 +153,35 @@ def _check_option_paths(studio: Studio, options: Any) -> None:
                 normalize_key(value)
             except StorageError as exc:  # a key climbing out of the root: a path refusal
                 raise PathNotAllowedError(f"{name}: {exc}") from exc
+    for name in MODEL_OPTIONS:
+        value = getattr(options, name, None)
+        if isinstance(value, str) and value:
+            _check_model_path(studio, name, value)
+    for name in NAME_OPTIONS:
+        value = getattr(options, name, None)
+        if (
+            isinstance(value, str)
+            and value
+            and (value in (".", "..") or any(c in value for c in "/\\\x00"))
+        ):
+            raise PathNotAllowedError(f"{name} must be a plain name, got {value!r}")
+
+
+def _check_model_path(studio: Studio, name: str, value: str) -> None:
+    """`value` names a model folder: a plain name (looked up under the checkpoints folder) or an
+    absolute path inside the checkpoints folder or an allowed root. Anything else is refused
+    before a job starts, so a token holder cannot make the server load files from elsewhere."""
+    parts = value.replace("\\", "/").split("/")
+    if ".." in parts or "\x00" in value:
+        raise PathNotAllowedError(f"{name} may not contain '..': {value}")
+    if len(parts) == 1 and "://" not in value and not value.startswith("~"):
+        return  # a folder name under the checkpoints folder
+    allowed = PathGuard((*studio.guard.roots, studio.checkpoints_dir or ""))
+    if not value.startswith(("/", "~")) and "://" not in value:
+        raise PathNotAllowedError(
+            f"{name} must be a folder name or an absolute path in the allowed roots, got {value!r}"
+        )
+    allowed.check(value, name)
 
 
 def _jobs_router(studio: Studio, keepalive_s: float) -> APIRouter:

@@ -92,3 +92,27 @@ def test_build_output_outside_the_roots_is_refused(client, dataset, tmp_path):
     response = client.post(url, json={"outputPath": str(tmp_path / "elsewhere" / "d.json")})
     assert response.status_code == 403
     assert client.post(url, json={"outputPath": "/etc/dataset.json"}).status_code == 403
+
+
+def test_model_folders_and_variant_keys_outside_the_roots_are_refused(client, dataset):
+    """A job's model fields may name a folder under the checkpoints folder or an absolute path in
+    an allowed root, and a variant key must be a plain name: anything else is refused at the
+    request (403), before a job exists, not when the job later fails to load it."""
+    base = f"{API}/datasets/{dataset['slug']}"
+    refused = [
+        ("preprocess", {"ditModel": "../../../etc"}),
+        ("preprocess", {"vaeModel": "/etc"}),
+        ("preprocess", {"ditModel": "sub/../../x"}),
+        ("train-lm", {"lmModel": "/usr/lib"}),
+        ("train-lm", {"lmModel": "~/models/lm"}),
+        ("train-lm", {"variantKey": "../turbo"}),
+        ("train-dit", {"variantKey": "a/b"}),
+    ]
+    for kind, body in refused:
+        response = client.post(f"{base}/{kind}", json=body)
+        assert response.status_code == 403, (kind, body, response.text)
+    assert client.get(f"{API}/jobs").json()["jobs"] == []
+    # a plain folder name passes the path check and meets the next one: this studio has no
+    # checkpoints folder
+    plain = client.post(f"{base}/train-lm", json={"lmModel": "acestep-5Hz-lm-0.6B"})
+    assert plain.status_code == 503 and "needs a checkpoints folder" in plain.text
