@@ -80,6 +80,27 @@ def _code_line_from_file(storage: Storage, tensor_dir: str, entry: dict[str, Any
     return json.dumps(line, ensure_ascii=False)
 
 
+TENSOR_SUFFIXES = (".safetensors", ".pt")
+
+
+def _sweep(storage: Storage, tensor_dir: str, entries: list[dict[str, Any]]) -> None:
+    """The folder holds exactly the meta's good samples: a song that encoded before and fails
+    now loses its old tensors, and files no entry names (a crashed run's) go. The trainers read
+    every tensor file in the folder, so a stale one would train a song the cache calls failed.
+    Runs under the preprocess lock, so no other run is writing here."""
+    keep = {
+        name
+        for entry in entries
+        if entry.get("ok")
+        for name in (entry.get("file"), entry.get("pt_file"))
+        if name
+    }
+    for key in storage.list(tensor_dir):
+        name = key.rsplit("/", 1)[-1]
+        if name.endswith(TENSOR_SUFFIXES) and name not in keep:
+            storage.delete(key)
+
+
 def finalize(
     storage: Storage,
     plan: RunPlan,
@@ -97,6 +118,7 @@ def finalize(
         for name in (old.get("file"), old.get("pt_file")):
             if name:
                 storage.delete(f"{tensor_dir}/{name}")
+    _sweep(storage, tensor_dir, entries)
 
     old_lines = _old_code_lines(storage, f"{tensor_dir}/{CODES_FILE}")
     lines = []
