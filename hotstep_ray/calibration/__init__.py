@@ -8,8 +8,7 @@ lm_calibrate   LM: codes through `PlannerLM`, scored against the dataset's codes
 dit_calibrate  DiT: latents through `DitAudition`'s sampler, latent Fréchet against the cache
 bake           the winner folded into `<run>-calibrated/` with `hot_step_eval.json`
 recipe         the steps both kinds share: read the run, plan the grid, run it, score, bake
-after_train    the trainers' `calibrate` option: calibrate a run right after it is exported
+after_train    train, then calibrate: the `calibrate` option, composed above the trainers
 ray_calibrate  run the work items in this process or on Ray actors
 report         progress / eval events and the outcome shared by both kinds
-holdout        held-out songs and the per-epoch held-out loss hook for the trainers
 """

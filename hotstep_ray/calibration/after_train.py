@@ -1,28 +1,45 @@
-"""Calibration as the last step of a training job (`calibrate` of TrainLmOptions/TrainDitOptions).
+"""Train, then calibrate: the `calibrate` option of TrainLmOptions/TrainDitOptions, composed here.
 
-After a run is trained and exported, its candidates (the kept adapter and every milestone) x the
-scale grid are evaluated against the dataset it was trained on (LM: code statistics through the
-planner; DiT: latent Fréchet), and the winner is baked into `<run>-calibrated/` with
-`hot_step_eval.json`. `calibrate_repoint` decides whether the artist then resolves to the
-calibrated folder (True, the default) or stays on the run (`bake` module docstring).
+The trainers only train (`training/` never imports calibration; given `calibrate=True` they refuse
+and name the function below). These functions call a trainer with `calibrate` off and, once the
+run is trained and exported, evaluate its candidates (the kept adapter and every milestone) x the
+scale grid against the dataset it was trained on (LM: code statistics through the planner; DiT:
+latent Fréchet), and bake the winner into `<run>-calibrated/` with `hot_step_eval.json`.
+`calibrate_repoint` decides whether the artist then resolves to the calibrated folder (True, the
+default) or stays on the run (`bake` module docstring).
 
-The evaluation loads the base model again from the folder the run trained on (its parent is the
-checkpoints folder, its name the model), so it works the same after a plain run and after a Ray
-Train job (whose workers are gone by then). With `runner=make_runner(True, ...)` the grid fans out
-over Ray actors. A calibration that fails leaves the trained run as it is and fails the job with
-the reason.
+    run_lm_then_calibrate            lm.run_lm_training, then the LM grid in this process
+    run_lm_on_ray_then_calibrate     ray_lm.run_lm_on_ray, then the LM grid on Ray actors
+    train_dit_on_ray_then_calibrate  ray_dit.train_dit_on_ray, then the DiT grid on Ray actors
+    calibrate_dit_run                the DiT grid after an in-process run (`train-dit --no-ray`)
+
+The three `..._then_calibrate` check the options before any training (`check_calibrate`, the grid
+overrides) and, without `calibrate`, only train. The evaluation loads the base model again from the folder the
+run trained on (its parent is the checkpoints folder, its name the model), so it works the same
+after a plain run and after a Ray Train job (whose workers are gone by then); on Ray the grid fans
+out over one actor per training worker. A DiT run paused at `max_steps` is not calibrated (its
+milestones are not all there yet). A calibration that fails leaves the trained run as it is and
+fails the job with the reason.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Literal
 
-from hotstep_ray.calibration.ray_calibrate import Runner, run_local
+import torch
+
+from hotstep_ray.calibration.ray_calibrate import Runner, make_runner, run_local
 from hotstep_ray.calibration.report import CalibrationOutcome, winner_entry
+from hotstep_ray.core import layout
+from hotstep_ray.core.contracts import TrainDitOptions
 from hotstep_ray.core.errors import InputError
-from hotstep_ray.core.events import EventLog
+from hotstep_ray.core.events import EventLog, jsonl_sink
 from hotstep_ray.core.storage import Storage
+from hotstep_ray.training import dit, lm, ray_dit, ray_lm
+
+Kind = Literal["lm", "dit"]
 
 
 def check_calibrate(options: Any) -> None:
@@ -34,8 +51,19 @@ def check_calibrate(options: Any) -> None:
         )
 
 
+def calibration_config(kind: Kind, config: dict[str, Any] | None = None) -> Any:
+    """`LmCalibrationConfig` / `DitCalibrationConfig` from the overrides (raises when invalid)."""
+    if kind == "lm":
+        from hotstep_ray.calibration.lm_calibrate import LmCalibrationConfig
+
+        return LmCalibrationConfig(**(config or {}))
+    from hotstep_ray.calibration.dit_calibrate import DitCalibrationConfig
+
+    return DitCalibrationConfig(**(config or {}))
+
+
 def calibrate_after_training(
-    kind: Literal["lm", "dit"],
+    kind: Kind,
     storage: Storage,
     run_key: str,
     model_dir: str | Path,
@@ -59,13 +87,13 @@ def calibrate_after_training(
         "repoint": repoint,
     }
     if kind == "lm":
-        from hotstep_ray.calibration.lm_calibrate import LmCalibrationConfig, calibrate_lm
+        from hotstep_ray.calibration.lm_calibrate import calibrate_lm
 
-        lm_config = LmCalibrationConfig(**(config or {}))
+        lm_config = calibration_config("lm", config)
         return calibrate_lm(storage, run_key, config=lm_config, lm=folder.name, **common)
-    from hotstep_ray.calibration.dit_calibrate import DitCalibrationConfig, calibrate_dit
+    from hotstep_ray.calibration.dit_calibrate import calibrate_dit
 
-    dit_config = DitCalibrationConfig(**(config or {}))
+    dit_config = calibration_config("dit", config)
     return calibrate_dit(storage, run_key, config=dit_config, dit=folder.name, **common)
 
 
@@ -78,3 +106,187 @@ def summary(outcome: CalibrationOutcome, storage: Storage) -> dict[str, Any]:
         "winner": winner_entry(outcome.winner),
         "url": storage.url_of(outcome.folder.weights_key or outcome.folder.eval_key),
     }
+
+
+def _train_only(options: Any) -> Any:
+    """`options` with `calibrate` off: what a trainer is given (it refuses `calibrate`)."""
+    return options.model_copy(update={"calibrate": False}) if options.calibrate else options
+
+
+def _lm_train_only(spec: lm.LmTrainSpec) -> lm.LmTrainSpec:
+    return spec.model_copy(update={"options": _train_only(spec.options)})
+
+
+# =============================================================================== LM
+
+
+def calibrate_lm_run(
+    spec: lm.LmTrainSpec,
+    storage: Storage,
+    result: lm.LmRunResult,
+    events: EventLog | None = None,
+    runner: Runner = run_local,
+    calibration: dict[str, Any] | None = None,
+) -> lm.LmRunResult:
+    """Milestones x scales of the exported LM run, baked into `<run>-calibrated/`: `result`
+    with its `calibration` summary."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the trained model is gone; the base loads again to evaluate
+    outcome = calibrate_after_training(
+        "lm",
+        storage,
+        result.run_key,
+        spec.lm_dir,
+        repoint=spec.options.calibrate_repoint,
+        config=calibration,
+        device=spec.engine.device or None,
+        runner=runner,
+        events=events,
+    )
+    return dataclasses.replace(result, calibration=summary(outcome, storage))
+
+
+def run_lm_then_calibrate(
+    spec: lm.LmTrainSpec,
+    storage: Storage,
+    *,
+    events: EventLog | None = None,
+    resume: bool = False,
+    stop_after_epoch: int = 0,
+    calibration: dict[str, Any] | None = None,
+) -> lm.LmRunResult:
+    """`lm.run_lm_training` (same arguments), then with `calibrate` the calibration of the
+    finished run in this process. `calibration`: `LmCalibrationConfig` overrides."""
+    check_calibrate(spec.options)
+    if spec.options.calibrate:
+        calibration_config("lm", calibration)  # bad overrides fail before the training
+    result = lm.run_lm_training(
+        _lm_train_only(spec),
+        storage,
+        events=events,
+        resume=resume,
+        stop_after_epoch=stop_after_epoch,
+    )
+    if not (spec.options.calibrate and result.finished):  # an interrupted run waits
+        return result
+    return calibrate_lm_run(spec, storage, result, events, calibration=calibration)
+
+
+def run_lm_on_ray_then_calibrate(
+    spec: lm.LmTrainSpec,
+    storage: Storage,
+    *,
+    num_workers: int = 1,
+    use_gpu: bool | None = None,
+    max_failures: int = 2,
+    ray_address: str | None = None,
+    fail_after_epoch: int = 0,
+    events: EventLog | None = None,
+    resume: bool = False,
+    calibration: dict[str, Any] | None = None,
+) -> lm.LmRunResult:
+    """`ray_lm.run_lm_on_ray` (same arguments), then with `calibrate` the calibration on
+    `num_workers` Ray actors. Its events go to `events`, else to `spec.events_key`, as the
+    driver's side of the training does."""
+    check_calibrate(spec.options)
+    if spec.options.calibrate:
+        calibration_config("lm", calibration)
+    if events is None and spec.events_key:
+        events = EventLog(jsonl_sink(storage, spec.events_key))
+    result = ray_lm.run_lm_on_ray(
+        _lm_train_only(spec),
+        storage,
+        num_workers=num_workers,
+        use_gpu=use_gpu,
+        max_failures=max_failures,
+        ray_address=ray_address,
+        fail_after_epoch=fail_after_epoch,
+        events=events,
+        resume=resume,
+    )
+    if not (spec.options.calibrate and result.finished):
+        return result
+    runner = make_runner(True, actors=num_workers, address=ray_address)
+    return calibrate_lm_run(spec, storage, result, events, runner, calibration)
+
+
+# =============================================================================== DiT
+
+
+def dit_calibration_skipped(events: EventLog | None) -> None:
+    """A run paused at max_steps is not calibrated: its milestones are not all there yet."""
+    if events is not None:
+        events.log("paused at max_steps: calibration waits for the resumed run", "warn")
+
+
+def calibrate_dit_run(
+    options: TrainDitOptions,
+    storage: Storage,
+    run_key: str,
+    dit_folder: str | Path,
+    events: EventLog | None = None,
+    calibration: dict[str, Any] | None = None,
+    actors: int = 0,
+) -> dict[str, Any]:
+    """Milestones x scales of a finished DiT run, baked into `<run>-calibrated/`: on `actors`
+    Ray actors, or in this process when 0. Returns the calibration summary."""
+    outcome = calibrate_after_training(
+        "dit",
+        storage,
+        run_key,
+        dit_folder,
+        repoint=options.calibrate_repoint,
+        config=calibration,
+        runner=make_runner(actors > 0, actors=max(1, actors)),
+        events=events,
+    )
+    return summary(outcome, storage)
+
+
+def train_dit_on_ray_then_calibrate(
+    options: TrainDitOptions,
+    storage: Storage,
+    dataset: str,
+    settings: dit.DitSettings | None = None,
+    *,
+    num_workers: int = 1,
+    use_gpu: bool | None = None,
+    vram_gb: float | None = None,
+    max_failures: int = 2,
+    job_id: str | None = None,
+    fail_at_step: int | None = None,
+    max_steps: int | None = None,
+    events: EventLog | None = None,
+    calibration: dict[str, Any] | None = None,
+) -> ray_dit.RayDitResult:
+    """`ray_dit.train_dit_on_ray` (same arguments), then with `calibrate` the calibration on
+    `num_workers` Ray actors, in `RayDitResult.calibration`. `calibration`:
+    `DitCalibrationConfig` overrides; `events` default to the job's events.jsonl when `job_id`
+    is given."""
+    check_calibrate(options)
+    if options.calibrate:
+        calibration_config("dit", calibration)
+    done = ray_dit.train_dit_on_ray(
+        _train_only(options),
+        storage,
+        dataset,
+        settings,
+        num_workers=num_workers,
+        use_gpu=use_gpu,
+        vram_gb=vram_gb,
+        max_failures=max_failures,
+        job_id=job_id,
+        fail_at_step=fail_at_step,
+        max_steps=max_steps,
+    )
+    if not options.calibrate:
+        return done
+    if events is None and job_id:
+        events = EventLog(jsonl_sink(storage, layout.job_events(job_id)))
+    if done.log.get("stop_reason") == "max_steps":
+        dit_calibration_skipped(events)
+    else:
+        done.calibration = calibrate_dit_run(
+            options, storage, done.run_key, done.dit_folder, events, calibration, num_workers
+        )
+    return done

@@ -154,15 +154,15 @@ def _run(
     **contract: Any,
 ) -> None:
     """Train a DiT adapter: setup -> train -> export to adapters/dit-<base>/<artist>/<run>/."""
-    from hotstep_ray.calibration.after_train import check_calibrate
-    from hotstep_ray.training import dit, dit_data, ray_dit
+    from hotstep_ray.calibration import after_train
+    from hotstep_ray.training import dit, dit_data
 
     storage = Storage(data)
     use_compile_cache(storage)  # compiled blocks reused by later runs and Ray workers
     options = build_options(dit_data.pick_variant(storage, slug, variant), contract)
     if not variant and not as_json:
         console.print(f"  variant {options.variant_key} (the newest tensor cache of {slug})")
-    check_calibrate(options)
+    after_train.check_calibrate(options)
     calibration = calibration_overrides(calibrate_scales, calibrate_seeds, calibrate_duration)
     settings = dit.DitSettings(
         dit_folder=dit_folder,
@@ -184,12 +184,11 @@ def _run(
         job.phase("loading-models")
         if use_ray:
             from hotstep_ray.distributed.runtime import ensure_ray
-            from hotstep_ray.training.ray_dit import train_dit_on_ray
 
             ensure_ray(ray_address or None)
             job.phase("train")
             settings.vram_budget_gb = None  # on Ray the request places the job; fit to free memory
-            result = train_dit_on_ray(
+            result = after_train.train_dit_on_ray_then_calibrate(
                 options,
                 storage,
                 slug,
@@ -210,7 +209,7 @@ def _run(
             }
             log = result.log
             calibrated = result.calibration
-        else:
+        else:  # in this process: train, then (with --calibrate) calibrate
             run = dit.setup(options, storage, slug, settings, events=job.events)
             job.phase("train")
             outcome = dit.train(run, max_steps=max_steps)
@@ -223,12 +222,12 @@ def _run(
             log = outcome.log
             calibrated = None
             if options.calibrate and outcome.stop_reason == "max_steps":
-                ray_dit.dit_calibration_skipped(job.events)
+                after_train.dit_calibration_skipped(job.events)
             elif options.calibrate:
                 job.phase("calibrate")
                 dit_folder = run.dit_folder
                 del run  # the trained model; calibration loads the base again
-                calibrated = ray_dit.calibrate_dit_run(
+                calibrated = after_train.calibrate_dit_run(
                     options, storage, outcome.run_key, dit_folder, job.events, calibration
                 )
     summary.update(

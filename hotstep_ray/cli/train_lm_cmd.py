@@ -178,6 +178,7 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="Print the training log as JSON."),
 ) -> None:
     """Train a LoRA/LoKR adapter on the 5 Hz LM from SLUG's preprocessed codes."""
+    from hotstep_ray.calibration import after_train
     from hotstep_ray.training import lm
 
     storage = Storage(data)
@@ -239,14 +240,11 @@ def run(
         engine=engine,
         run_key=resume,
         events_key=layout.job_events(job.id) if use_ray else "",
-        calibration=calibration,
     )
     with job:
         job.phase("train")
         if use_ray:
-            from hotstep_ray.training.ray_lm import run_lm_on_ray
-
-            result = run_lm_on_ray(
+            result = after_train.run_lm_on_ray_then_calibrate(
                 spec,
                 storage,
                 num_workers=workers,
@@ -254,9 +252,12 @@ def run(
                 ray_address=ray_address or None,
                 events=job.events,
                 resume=bool(resume),
+                calibration=calibration,
             )
         else:
-            result = lm.run_lm_training(spec, storage, events=job.events, resume=bool(resume))
+            result = after_train.run_lm_then_calibrate(
+                spec, storage, events=job.events, resume=bool(resume), calibration=calibration
+            )
         job.phase("export")
     if as_json:
         print_json({**result.log, "calibration": result.calibration})

@@ -319,7 +319,7 @@ class TrainLmOptions(Options):
     calibrate: bool = False
     calibrate_repoint: bool = True
     # Songs kept out of training for a per-epoch held-out loss (`eval` events); 0 = off. Needs at
-    # least 6 songs (calibration.holdout.MIN_SONGS).
+    # least 6 songs (training.holdout.MIN_SONGS).
     holdout_fraction: float = Field(default=0.0, ge=0, lt=1)
 
     @model_validator(mode="after")

@@ -97,8 +97,10 @@ def preprocess(ctx: StageContext, entry: Callable[..., Any]) -> Any:
 
 
 def train_lm(ctx: StageContext, entry: Callable[..., Any]) -> Any:
-    """LM training as a Ray Train job. Its rank-0 worker appends events to a side file; a tail
-    thread folds them into this job so the SSE stream shows the loss as it goes."""
+    """LM training as a Ray Train job, then the calibration when `calibrate` is set
+    (`calibration.after_train.run_lm_on_ray_then_calibrate`). Its rank-0 worker (and the
+    calibration) append events to a side file; a tail thread folds them into this job so the SSE
+    stream shows the loss as it goes."""
     from hotstep_ray.training import lm
 
     _need_checkpoints(ctx)
@@ -131,9 +133,10 @@ DIT_STEP_EVENT_S = 1.0
 
 
 def train_dit(ctx: StageContext, entry: Callable[..., Any]) -> Any:
-    """DiT training as a Ray Train job (`training.ray_dit.train_dit_on_ray`), as the CLI's
-    `--ray` path runs it. Its rank-0 worker writes the events of a stage job of its own; a tail
-    thread folds them into this job (that job becomes a child: listed under this one)."""
+    """DiT training as a Ray Train job, then the calibration when `calibrate` is set
+    (`calibration.after_train.train_dit_on_ray_then_calibrate`), as the CLI's `--ray` path runs
+    it. Its rank-0 worker writes the events of a stage job of its own; a tail thread folds them
+    into this job (that job becomes a child: listed under this one)."""
     from hotstep_ray.core.jobs import Job
     from hotstep_ray.training import dit, dit_data
 

@@ -85,14 +85,14 @@ STAGES: dict[str, StageSpec] = {
         StageSpec(
             "train-lm",
             f"{_CONTRACTS}:TrainLmOptions",
-            ("hotstep_ray.training.ray_lm:run_lm_on_ray",),
+            ("hotstep_ray.calibration.after_train:run_lm_on_ray_then_calibrate",),
             f"{_RUNNERS}:train_lm",
             needs=("lm",),
         ),
         StageSpec(
             "train-dit",
             f"{_CONTRACTS}:TrainDitOptions",
-            ("hotstep_ray.training.ray_dit:train_dit_on_ray",),
+            ("hotstep_ray.calibration.after_train:train_dit_on_ray_then_calibrate",),
             f"{_RUNNERS}:train_dit",
             needs=("dit",),
         ),

@@ -6,4 +6,5 @@
 - `accumulate`: gradient-accumulation weights by element share and the masked MSE.
 - `export`: PEFT LoRA / LyCORIS LoKR writers and readers, trigger metadata, delta report.
 - `checkpoint`: resumable, pickle-free checkpoints through `Storage`.
+- `holdout`: held-out songs and their per-epoch loss (`eval` events) for both trainers.
 """

@@ -59,6 +59,7 @@ from hotstep_ray.training import (
     dit_state,
     dit_vram,
     dit_windows,
+    holdout,
 )
 from hotstep_ray.training.adapters import AdapterSpec
 from hotstep_ray.training.checkpoint import model_fingerprint
@@ -105,7 +106,7 @@ class DitRun:
     state: TrainState = field(default_factory=TrainState)
     pending_best: dit_export.PendingBest | None = None  # a best adapter not yet exported
     checkpoint_hook: Callable[[DitRun], None] | None = None
-    holdout: Any = None  # calibration.holdout.HoldoutEval when songs are held out
+    holdout: Any = None  # holdout.HoldoutEval when songs are held out
     params: list[torch.nn.Parameter] = field(default_factory=list)  # the trainable adapter
     engine: StepEngine = field(init=False)  # how steps run: compile mode, graphs, fold, prefetch
     started: float = field(default_factory=time.time)
@@ -159,8 +160,6 @@ def setup(
     cache = dit_data.load_cache(storage, cache_key)
     held = None
     if options.holdout_fraction:  # songs kept out of training for a per-epoch held-out loss
-        from hotstep_ray.calibration import holdout
-
         cache, held, split = holdout.split_cache(cache, options.holdout_fraction, options.seed)
     folder = dit_data.resolve_dit_folder(
         cache.meta, options.variant_key, settings.dit_folder, settings.checkpoints_dir
@@ -457,10 +456,8 @@ def end_epoch(run: DitRun) -> None:
         total = run.schedule.total_steps
         run.events.emit(dit_events.epoch_event(record, state, options.epochs, total))
     if run.holdout is not None:
-        from hotstep_ray.calibration.holdout import dit_epoch_end
-
         with compiling.eager(run.engine.mode):
-            dit_epoch_end(run)
+            holdout.dit_epoch_end(run)
     if run.is_main:
         write = (lambda key, meta: _export(run, key, meta)) if "export" in options.stages else None
         dit_export.milestone(

@@ -18,8 +18,8 @@ Stages (`options.stages`): `extract` writes/refreshes `lm_codes.jsonl` from the 
 (`lm_data.extract_codes`, unchanged rows reused); `train` trains; `export` writes the adapter. Train
 without export keeps the resumable checkpoint in `<run>/checkpoint/` (and skips milestones); export
 alone (`run_key` = that run) exports the adapter it kept. `holdout_fraction` keeps songs out of
-training and reports their loss per epoch as `eval` events; `calibrate` ends the job with
-`calibration.after_train` (milestones x scales, baked into `<run>-calibrated/`).
+training and reports their loss per epoch as `eval` events (`holdout`). `calibrate` is not a
+stage of this trainer: `calibration.after_train.run_lm_then_calibrate` trains, then calibrates.
 
 Compile (`LmEngine.compile`, `compile_mode`): auto | off | default | reduce-overhead; auto is default
 on CUDA and off on the CPU, where compiling is refused. Each decoder layer is compiled on its own with
@@ -66,6 +66,7 @@ from hotstep_ray.training import (
     compiling,
     export,
     flat_grads,
+    holdout,
     lm_loss,
     lm_vram,
 )
@@ -138,7 +139,6 @@ class LmTrainSpec(BaseModel):
     engine: LmEngine = Field(default_factory=LmEngine)
     run_key: str = ""  # "" = a fresh stamped run folder
     events_key: str = ""  # also append events as JSONL here (Ray workers)
-    calibration: dict[str, Any] = Field(default_factory=dict)  # LmCalibrationConfig overrides
 
     def to_config(self) -> dict[str, Any]:
         """JSON dict that keeps which options were set explicitly (identity adoption needs it)."""
@@ -447,10 +447,10 @@ def plan_data(
     held: list[data.LmSong] = []
     split = None
     if options.holdout_fraction:
-        from hotstep_ray.calibration.holdout import partition_songs, split_holdout
-
-        split = split_holdout([s.song_id for s in songs], options.holdout_fraction, options.seed)
-        songs, held = partition_songs(songs, split)
+        split = holdout.split_holdout(
+            [s.song_id for s in songs], options.holdout_fraction, options.seed
+        )
+        songs, held = holdout.partition_songs(songs, split)
     if options.max_len:
         max_len, source = options.max_len, "user"
     elif budget is not None:
@@ -886,15 +886,13 @@ def train_lm(
     return state
 
 
-def holdout_evaluator(setup: LmSetup, state: LmTrainState) -> Any:
-    """The per-epoch held-out loss (`calibration.holdout.HoldoutEval`, `eval` events) on the main
-    rank when songs are held out; None otherwise. Its best continues a resumed run's."""
+def holdout_evaluator(setup: LmSetup, state: LmTrainState) -> holdout.HoldoutEval | None:
+    """The per-epoch held-out loss (`holdout.HoldoutEval`, `eval` events) on the main rank when
+    songs are held out; None otherwise. Its best continues a resumed run's."""
     if not setup.held_out or not setup.is_main:
         return None
-    from hotstep_ray.calibration.holdout import HoldoutEval, lm_song_losses
-
-    evaluator = HoldoutEval(
-        lm_song_losses(setup.held_out, setup.spec.engine.ce_chunk),
+    evaluator = holdout.HoldoutEval(
+        holdout.lm_song_losses(setup.held_out, setup.spec.engine.ce_chunk),
         songs=len(setup.held_out),
         events=setup.events,
     )
@@ -986,7 +984,8 @@ class LmRunResult:
     files: list[str]
     log: dict[str, Any]
     finished: bool
-    calibration: dict[str, Any] | None = None  # after_train.summary when `calibrate` ran
+    # the calibration summary, filled in by `calibration.after_train` when `calibrate` ran
+    calibration: dict[str, Any] | None = None
 
 
 def train_log(setup: LmSetup, state: LmTrainState, peak_mb: int = 0) -> dict[str, Any]:
@@ -1147,36 +1146,6 @@ def _train_and_save(
     return result
 
 
-def calibrate_run(
-    spec: LmTrainSpec,
-    storage: Storage,
-    result: LmRunResult,
-    events: EventLog | None = None,
-    runner: Any = None,
-) -> LmRunResult:
-    """The `calibrate` option: milestones x scales of the exported run, baked into
-    `<run>-calibrated/` (`calibration.after_train`)."""
-    from hotstep_ray.calibration import after_train
-    from hotstep_ray.calibration.ray_calibrate import run_local
-
-    if spec.calibration:  # validate the overrides before anything loads
-        from hotstep_ray.calibration.lm_calibrate import LmCalibrationConfig
-
-        LmCalibrationConfig(**spec.calibration)
-    outcome = after_train.calibrate_after_training(
-        "lm",
-        storage,
-        result.run_key,
-        spec.lm_dir,
-        repoint=spec.options.calibrate_repoint,
-        config=spec.calibration,
-        device=spec.engine.device or None,
-        runner=runner or run_local,
-        events=events,
-    )
-    return replace(result, calibration=after_train.summary(outcome, storage))
-
-
 def run_lm_training(
     spec: LmTrainSpec,
     storage: Storage,
@@ -1184,25 +1153,20 @@ def run_lm_training(
     events: EventLog | None = None,
     resume: bool = False,
     stop_after_epoch: int = 0,
-    calibration_runner: Any = None,
 ) -> LmRunResult:
-    """The stages of `spec.options.stages` in this process (module docstring), then the
-    calibration when `calibrate` is set. `resume=True` continues the checkpoint in
-    `spec.run_key`; `stop_after_epoch` interrupts after that epoch (checkpoint kept, nothing
-    exported, `finished=False`)."""
-    from hotstep_ray.calibration.after_train import check_calibrate
-
+    """The stages of `spec.options.stages` in this process (module docstring). `resume=True`
+    continues the checkpoint in `spec.run_key`; `stop_after_epoch` interrupts after that epoch
+    (checkpoint kept, nothing exported, `finished=False`)."""
     if resume and not spec.run_key:
         raise InputError("resume needs the run folder (run_key) of the interrupted run")
-    check_calibrate(spec.options)
+    if spec.options.calibrate:  # composed above the trainer (module docstring)
+        raise InputError(
+            "this trainer does not calibrate: calibration.after_train.run_lm_then_calibrate "
+            "trains, then calibrates"
+        )
     stages = spec.options.stages
     if "extract" in stages:
         extracted = run_extract(spec, storage, events)
         if "train" not in stages and "export" not in stages:
             return extract_only_result(extracted)
-    result = _train_and_save(spec, storage, events, resume, stop_after_epoch)
-    if not (result.finished and spec.options.calibrate):
-        return result
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()  # the trained model is gone; the base loads again to evaluate
-    return calibrate_run(spec, storage, result, events, calibration_runner)
+    return _train_and_save(spec, storage, events, resume, stop_after_epoch)

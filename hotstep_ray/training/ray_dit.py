@@ -18,10 +18,9 @@ Fault tolerance. Checkpoints (`training/checkpoint.py` files) go through `ray.tr
 killed worker's group is restarted and continues from the newest reported checkpoint, drawing the
 very same crops/timesteps/noise it would have (the data streams are seeded per step).
 
-Calibration. With `options.calibrate` the driver, once the job is done, evaluates the run's
-adapter and milestones x scales (latent Fréchet against the tensor cache) on Ray actors (one per
-worker, a GPU each when the cluster has GPUs) and bakes `<run>-calibrated/`
-(`calibration.after_train`); a job that asks for it without the export stage is refused up front.
+Calibration is composed above: `calibration.after_train.train_dit_on_ray_then_calibrate` runs
+this job, then evaluates the run's adapter and milestones x scales on Ray actors (one per worker)
+and bakes `<run>-calibrated/`; this function refuses `options.calibrate`.
 
 Tests run all of this on CPUs: `use_gpu=False, resources_per_worker={"CPU": 1, "VRAM_GB": n}`.
 """
@@ -112,7 +111,9 @@ class RayDitResult:
     # Ray's last checkpoint as a key under the storage root (`ray_results/<run>/checkpoint_N`):
     # what `settings.resume` / `train-dit --resume` continue from; "" when none was reported
     checkpoint_key: str = ""
-    calibration: dict[str, Any] | None = None  # after_train.summary when `calibrate` ran
+    dit_folder: str = ""  # the base DiT folder the run trained on
+    # the calibration summary, filled in by `calibration.after_train` when `calibrate` ran
+    calibration: dict[str, Any] | None = None
 
 
 def train_dit_on_ray(
@@ -127,26 +128,26 @@ def train_dit_on_ray(
     max_failures: int = 2,
     job_id: str | None = None,
     fail_at_step: int | None = None,
-    events: EventLog | None = None,
-    calibration: dict[str, Any] | None = None,
     max_steps: int | None = None,
 ) -> RayDitResult:
     """Run DiT training as a Ray Train job on the connected cluster (call `ensure_ray` first).
 
     `vram_gb` overrides the predicted per-worker request; `fail_at_step` (tests, drills) makes
     rank 0 exit hard once the first checkpoint at or after that step is registered (first
-    attempt only). `calibration`: `DitCalibrationConfig` overrides; `events` (driver side) default
-    to the job's events.jsonl when `job_id` is given. `max_steps` pauses the run after that many
-    optimizer steps (resumed ones count) with a checkpoint; `settings.resume` (a checkpoint folder
-    key: a local run's `<run>/checkpoint` or a Ray run's `checkpoint_key`) starts the job from it,
-    while a worker Ray restarts continues from Ray's own newer checkpoint."""
+    attempt only); rank 0 writes its events into the job's events.jsonl when `job_id` is given.
+    `max_steps` pauses the run after that many optimizer steps (resumed ones count) with a
+    checkpoint; `settings.resume` (a checkpoint folder key: a local run's `<run>/checkpoint` or a
+    Ray run's `checkpoint_key`) starts the job from it, while a worker Ray restarts continues from
+    Ray's own newer checkpoint."""
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from hotstep_ray.calibration.after_train import check_calibrate
-
-    check_calibrate(options)
+    if options.calibrate:  # composed above the trainer (module docstring)
+        raise InputError(
+            "this trainer does not calibrate: "
+            "calibration.after_train.train_dit_on_ray_then_calibrate trains, then calibrates"
+        )
     settings = settings or dit.DitSettings()
     dit.check_run_folder(options, storage, settings)
     predicted, folder = vram_request_gb(options, settings, storage, dataset)
@@ -189,7 +190,7 @@ def train_dit_on_ray(
     )
     result = trainer.fit()
     log_key = f"{run_key}/{dit.LOG_FILE}"
-    done = RayDitResult(
+    return RayDitResult(
         run_key=run_key,
         run_name=run_name,
         vram_gb=vram_gb,
@@ -197,22 +198,8 @@ def train_dit_on_ray(
         checkpoint_path=None if result.checkpoint is None else result.checkpoint.path,
         log=storage.read_json(log_key) if storage.exists(log_key) else {},
         checkpoint_key=_checkpoint_key(storage, result.checkpoint),
+        dit_folder=str(folder),
     )
-    if options.calibrate and events is None and job_id:
-        events = EventLog(jsonl_sink(storage, layout.job_events(job_id)))
-    if options.calibrate and done.log.get("stop_reason") == "max_steps":
-        dit_calibration_skipped(events)
-    elif options.calibrate:
-        done.calibration = calibrate_dit_run(
-            options, storage, run_key, folder, events, calibration, num_workers
-        )
-    return done
-
-
-def dit_calibration_skipped(events: EventLog | None) -> None:
-    """A run paused at max_steps is not calibrated: its milestones are not all there yet."""
-    if events is not None:
-        events.log("paused at max_steps: calibration waits for the resumed run", "warn")
 
 
 def _checkpoint_key(storage: Storage, checkpoint: Any) -> str:
@@ -224,33 +211,6 @@ def _checkpoint_key(storage: Storage, checkpoint: Any) -> str:
         return storage.key_of(checkpoint.path)
     except StorageError:
         return ""
-
-
-def calibrate_dit_run(
-    options: TrainDitOptions,
-    storage: Storage,
-    run_key: str,
-    dit_folder: str | Path,
-    events: EventLog | None = None,
-    calibration: dict[str, Any] | None = None,
-    actors: int = 0,
-) -> dict[str, Any]:
-    """The `calibrate` option for a finished DiT run (`calibration.after_train`): on `actors`
-    Ray actors, or in this process when 0. Returns the calibration summary."""
-    from hotstep_ray.calibration import after_train
-    from hotstep_ray.calibration.ray_calibrate import make_runner
-
-    outcome = after_train.calibrate_after_training(
-        "dit",
-        storage,
-        run_key,
-        dit_folder,
-        repoint=options.calibrate_repoint,
-        config=calibration,
-        runner=make_runner(actors > 0, actors=max(1, actors)),
-        events=events,
-    )
-    return after_train.summary(outcome, storage)
 
 
 # =============================================================================== worker

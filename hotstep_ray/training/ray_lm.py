@@ -10,9 +10,9 @@ restarted it (else, with `resume`, from the run folder's `<run>/checkpoint/`), r
 of the storage root, and appends the run's events to `spec.events_key` when given.
 Stages: `extract` runs in the driver before the job is sized; without `train` nothing needs a
 worker, so the stages run in the driver (`lm.run_lm_training`); `train` without `export` leaves
-the final state in `<run>/checkpoint/` for a later export. `calibrate`: after the job, the driver
-evaluates milestones x scales on Ray actors (one per worker, a GPU each when the cluster has GPUs)
-and bakes `<run>-calibrated/`; its events go to `events` or `spec.events_key`.
+the final state in `<run>/checkpoint/` for a later export. `calibrate` is composed above:
+`calibration.after_train.run_lm_on_ray_then_calibrate` runs this job, then calibrates the run on
+Ray actors (one per worker).
 """
 
 from __future__ import annotations
@@ -117,23 +117,24 @@ def run_lm_on_ray(
     events: EventLog | None = None,
     resume: bool = False,
 ) -> lm.LmRunResult:
-    """Train on Ray and return what rank 0 wrote (run folder, files, the training log; the
-    calibration summary with `calibrate`). `use_gpu=None` uses GPUs when the cluster has any;
-    `events` (driver side: extract, calibration) defaults to appending to `spec.events_key`.
-    `resume` continues the checkpoint in `spec.run_key` with the options it was trained with."""
+    """Train on Ray and return what rank 0 wrote (run folder, files, the training log).
+    `use_gpu=None` uses GPUs when the cluster has any; `events` (driver side: extract) defaults to
+    appending to `spec.events_key`. `resume` continues the checkpoint in `spec.run_key` with the
+    options it was trained with."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from hotstep_ray.calibration.after_train import check_calibrate
-    from hotstep_ray.calibration.ray_calibrate import make_runner
     from hotstep_ray.core import layout
     from hotstep_ray.distributed.runtime import ensure_ray
 
-    check_calibrate(spec.options)
+    if spec.options.calibrate:  # composed above the trainer (module docstring)
+        raise InputError(
+            "this trainer does not calibrate: "
+            "calibration.after_train.run_lm_on_ray_then_calibrate trains, then calibrates"
+        )
     if events is None and spec.events_key:
         events = EventLog(jsonl_sink(storage, spec.events_key))
     ray = ensure_ray(ray_address)
-    runner = make_runner(True, actors=num_workers, address=ray_address)
     stages = spec.options.stages
     if "extract" in stages:
         extracted = lm.run_extract(spec, storage, events)
@@ -144,9 +145,7 @@ def run_lm_on_ray(
             update={"options": spec.options.model_copy(update={"stages": stages})}
         )
     if "train" not in stages:  # export only: no worker needed
-        return lm.run_lm_training(
-            spec, storage, events=events, resume=resume, calibration_runner=runner
-        )
+        return lm.run_lm_training(spec, storage, events=events, resume=resume)
     if resume:
         if not spec.run_key:
             raise InputError("resume needs the run folder (run_key) of the interrupted run")
@@ -189,7 +188,4 @@ def run_lm_on_ray(
         raise result.error
     log = storage.read_json(f"{spec.run_key}/{lm.LOG_FILE}")
     files = [k for k in storage.list(spec.run_key) if not storage.is_dir(k)]
-    done = lm.LmRunResult(spec.run_key, files, log, finished=True)
-    if spec.options.calibrate:
-        done = lm.calibrate_run(spec, storage, done, events, runner)
-    return done
+    return lm.LmRunResult(spec.run_key, files, log, finished=True)

@@ -105,9 +105,9 @@ def test_dit_calibrated_folder(outcome):
 def test_dit_holdout_loss_uses_fixed_draws_per_song(audition):
     from types import SimpleNamespace
 
-    from hotstep_ray.calibration.holdout import HoldoutEval, dit_song_losses
     from hotstep_ray.training.dit_data import Song, TensorCache
     from hotstep_ray.training.dit_loss import LossConfig
+    from hotstep_ray.training.holdout import HoldoutEval, dit_song_losses
 
     condition = audition._condition("crewx, calm", DitRequest(caption="x", duration=2))[0][0]
     generator = torch.Generator().manual_seed(0)

@@ -119,7 +119,7 @@ def test_the_baked_adapter_at_scale_one_generates_the_winners_codes(outcome, dat
 
 
 def test_holdout_loss_of_the_tiny_lm_through_the_trainers_loss(planner):
-    from hotstep_ray.calibration.holdout import HoldoutEval, lm_song_losses
+    from hotstep_ray.training.holdout import HoldoutEval, lm_song_losses
 
     songs = lm_data.synthetic_songs(2, 12)
     examples, _ = lm_data.build_examples(planner.tokenizer, songs, 0)

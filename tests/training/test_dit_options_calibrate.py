@@ -1,5 +1,6 @@
 """DiT trainer options of issue 12 on the tiny DiT: hold-out loss as `eval` events, `latest`
-never resuming from a `-calibrated` folder, and `--calibrate` from the CLI."""
+never resuming from a `-calibrated` folder, `--calibrate` from the CLI, and the Ray job's
+calibration composed above the trainer (`calibration.after_train`)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ from test_dit_support import (  # noqa: F401  (fixtures)
 )
 from typer.testing import CliRunner
 
-from hotstep_ray.calibration import bake
+from hotstep_ray.calibration import after_train, bake
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog, MetricEvent
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.training import adapters, dit, lm_data
+from hotstep_ray.training import adapters, dit, lm_data, ray_dit
 
 SIX = (40, 48, 56, 64, 72, 80)
 
@@ -118,3 +119,45 @@ def test_cli_calibrates_the_trained_run(tmp_path, full_tree, single_thread) -> N
     summary = json.loads(paused.output[paused.output.index("{") :])
     assert summary["stop_reason"] == "max_steps" and summary["calibration"] is None
     assert not storage.exists(f"{storage.key_of(summary['run'])}-calibrated")
+
+
+def test_the_ray_job_is_trained_then_calibrated_above_the_trainer(tmp_path, monkeypatch) -> None:
+    storage = Storage(tmp_path)
+    with pytest.raises(InputError, match="after_train.train_dit_on_ray_then_calibrate"):
+        ray_dit.train_dit_on_ray(fast_options(calibrate=True), storage, SLUG)
+    trained, calibrated = [], []
+
+    def train(options, storage, dataset, settings, **kwargs):
+        trained.append((options.calibrate, kwargs["num_workers"], kwargs["job_id"]))
+        stop = "max_steps" if kwargs["max_steps"] else "max_epochs"
+        return ray_dit.RayDitResult(
+            run_key="adapters/dit-turbo/band/run", run_name="train-dit-run", vram_gb=1.0,
+            metrics={}, checkpoint_path=None, log={"stop_reason": stop}, dit_folder="/ckpt/dit",
+        )  # fmt: skip
+
+    def calibrate(options, storage, run_key, folder, events, calibration, actors):
+        calibrated.append((run_key, folder, calibration, actors, events is not None))
+        return {"folder": f"{run_key}-calibrated"}
+
+    monkeypatch.setattr(ray_dit, "train_dit_on_ray", train)
+    monkeypatch.setattr(after_train, "calibrate_dit_run", calibrate)
+    options = fast_options(calibrate=True)
+    done = after_train.train_dit_on_ray_then_calibrate(
+        options, storage, SLUG, num_workers=2, job_id="j1", calibration={"seeds": 1}
+    )
+    assert trained == [(False, 2, "j1")]  # the trainer only trains
+    assert calibrated == [("adapters/dit-turbo/band/run", "/ckpt/dit", {"seeds": 1}, 2, True)]
+    assert done.calibration == {"folder": "adapters/dit-turbo/band/run-calibrated"}
+    paused = after_train.train_dit_on_ray_then_calibrate(options, storage, SLUG, max_steps=1)
+    assert paused.calibration is None and len(calibrated) == 1  # its milestones are not all there
+    plain = after_train.train_dit_on_ray_then_calibrate(fast_options(), storage, SLUG)
+    assert plain.calibration is None and len(calibrated) == 1
+    with pytest.raises(ValueError, match="seeds"):  # bad overrides fail before any training
+        after_train.train_dit_on_ray_then_calibrate(
+            options, storage, SLUG, calibration={"seeds": 0}
+        )
+    assert len(trained) == 3
+    with pytest.raises(InputError, match="export stage"):
+        after_train.train_dit_on_ray_then_calibrate(
+            fast_options(calibrate=True, stages=["train"]), storage, SLUG
+        )

@@ -1,5 +1,6 @@
 """LM trainer stages (extract / train / export alone and together), hold-out loss, and the
-`calibrate` option (plain and CLI), on the tiny LM (CPU, one thread)."""
+`calibrate` option composed above the trainer (`calibration.after_train`: plain, Ray and CLI), on
+the tiny LM (CPU, one thread)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from safetensors.torch import load_file
 from safetensors.torch import save as save_safetensors_bytes
 from typer.testing import CliRunner
 
-from hotstep_ray.calibration import bake
+from hotstep_ray.calibration import after_train, bake
 from hotstep_ray.core.contracts import TrainLmOptions
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog, MetricEvent
@@ -145,8 +146,22 @@ def test_train_alone_then_export_alone_equals_train_and_export(tiny):
 
 def test_calibrate_without_export_is_refused_before_training(tiny):
     folder, storage = tiny
+    spec = make_spec(folder, "adapters/lm-06b/band/no-export", stages=["train"], calibrate=True)
     with pytest.raises(InputError, match="calibrate needs the export stage"):
-        lm.run_lm_training(make_spec(folder, stages=["train"], calibrate=True), storage)
+        after_train.run_lm_then_calibrate(spec, storage)
+    assert not storage.exists(spec.run_key)
+
+
+def test_the_trainers_refuse_calibrate_and_name_the_composed_function(tiny):
+    from hotstep_ray.training.ray_lm import run_lm_on_ray
+
+    folder, storage = tiny
+    spec = make_spec(folder, "adapters/lm-06b/band/refused", calibrate=True)
+    with pytest.raises(InputError, match="after_train.run_lm_then_calibrate"):
+        lm.run_lm_training(spec, storage)
+    with pytest.raises(InputError, match="after_train.run_lm_on_ray_then_calibrate"):
+        run_lm_on_ray(spec, storage)  # refused before Ray starts
+    assert not storage.exists(spec.run_key)
 
 
 def test_holdout_reports_eval_events_per_epoch_and_refuses_small_datasets(tiny):
@@ -228,18 +243,19 @@ def test_muon_precision_option_reaches_the_optimizer(tiny, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.ray
 def test_ray_job_holds_out_and_calibrates(ray_session, tiny):
-    from hotstep_ray.training.ray_lm import run_lm_on_ray
-
     folder, storage = tiny
     spec = make_spec(folder, codes=SIX, holdout_fraction=0.34, calibrate=True)
     spec = spec.model_copy(
-        update={
-            "artist": "ray-calib",
-            "events_key": "jobs/ray-calib/events.jsonl",
-            "calibration": {"scales": [1.0], "seeds": 2, "duration_s": 2},
-        }
+        update={"artist": "ray-calib", "events_key": "jobs/ray-calib/events.jsonl"}
     )
-    result = run_lm_on_ray(spec, storage, num_workers=1, use_gpu=False, max_failures=0)
+    result = after_train.run_lm_on_ray_then_calibrate(
+        spec,
+        storage,
+        num_workers=1,
+        use_gpu=False,
+        max_failures=0,
+        calibration={"scales": [1.0], "seeds": 2, "duration_s": 2},
+    )
     assert result.finished and len(result.log["holdout"]["epochs"]) == 2
     calibrated = f"{result.run_key}-calibrated"
     assert result.calibration["folder"] == calibrated

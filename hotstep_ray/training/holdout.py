@@ -6,7 +6,7 @@ songs are added). It refuses n < 6 songs (`MIN_SONGS`, the seed's rule): with fe
 song is a noisy estimate and costs a large share of the data. `partition_songs` (LM, by
 `LmSong.song_id`) and `partition_cache` (DiT, by tensor-file stem) apply a split.
 
-Hook contract for the trainer owners (LM `training/lm.py`, DiT `training/dit.py`):
+The hook, for any trainer:
 
     evaluator = HoldoutEval(song_losses, songs=len(held), events=events if main_rank else None)
     ... after the optimizer steps of every epoch (before or after the epoch event):
@@ -18,9 +18,9 @@ Hook contract for the trainer owners (LM `training/lm.py`, DiT `training/dit.py`
     mean over held-out songs (the trainers' epoch loss is a mean over songs too), `best` marks a
     new minimum. Returns the loss, or None on epochs skipped by `every`.
   - `evaluator.history` = [{epoch, loss}] for the train log (suggested key: `holdout`).
-Wiring (done): `training/lm.py` (`plan_data` splits `lm_codes.jsonl` songs, `train_lm` calls the
-evaluator after each epoch, `lm_train_log.json` key `holdout`) and `training/dit.py` (`setup` splits
-the tensor cache with `split_cache`, `end_epoch` calls `dit_epoch_end`, `dit_train_log.json` key
+Where it is wired: `lm.py` (`plan_data` splits `lm_codes.jsonl` songs, `train_lm` calls the
+evaluator after each epoch, `lm_train_log.json` key `holdout`) and `dit.py` (`setup` splits the
+tensor cache with `split_cache`, `end_epoch` calls `dit_epoch_end`, `dit_train_log.json` key
 `holdout`). Both keep [{epoch, loss}] in their resumable state.
 Ready-made `song_losses`:
   - LM: `lm_song_losses(held_examples)`: each held-out song's mean CE over its loss span through
@@ -38,17 +38,16 @@ import hashlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog, MetricEvent
-
-if TYPE_CHECKING:
-    from hotstep_ray.training.dit_data import TensorCache
-    from hotstep_ray.training.lm_data import LmExample, LmSong
+from hotstep_ray.training import dit_data, dit_loss, lm_loss
+from hotstep_ray.training.dit_data import TensorCache
+from hotstep_ray.training.lm_data import LmExample, LmSong, collate
 
 MIN_SONGS = 6
 DEFAULT_FRACTION = 0.1
@@ -169,9 +168,6 @@ def _autocast(device: torch.device) -> contextlib.AbstractContextManager:
 
 def lm_song_losses(examples: Sequence[LmExample], ce_chunk: int | None = None) -> SongLosses:
     """Mean CE of each held-out LM example through the trainer's loss module."""
-    from hotstep_ray.training import lm_loss
-    from hotstep_ray.training.lm_data import collate
-
     chunk = ce_chunk or lm_loss.DEFAULT_CE_CHUNK
 
     def losses(model: nn.Module) -> list[float]:
@@ -199,7 +195,6 @@ def lm_epoch_hook(evaluator: HoldoutEval) -> Callable[[Any, Any], None]:
 def dit_song_losses(run: Any, held: TensorCache, draws: int = 4) -> SongLosses:
     """Raw flow-matching MSE of each held-out song with per-song fixed draws (`run` is the
     trainer's `DitRun`: models, loss config, crop, device, seed, null condition)."""
-    from hotstep_ray.training import dit_data, dit_loss
 
     def losses(model: nn.Module) -> list[float]:
         out = []

@@ -6,15 +6,15 @@ import pytest
 import torch
 from torch import nn
 
-from hotstep_ray.calibration.holdout import (
+from hotstep_ray.core.errors import InputError
+from hotstep_ray.core.events import EventLog, MetricEvent
+from hotstep_ray.training.holdout import (
     MIN_SONGS,
     HoldoutEval,
     lm_epoch_hook,
     partition_songs,
     split_holdout,
 )
-from hotstep_ray.core.errors import InputError
-from hotstep_ray.core.events import EventLog, MetricEvent
 from hotstep_ray.training.lm_data import synthetic_songs
 
 
