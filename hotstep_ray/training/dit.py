@@ -464,7 +464,9 @@ def end_epoch(run: DitRun) -> None:
             run.milestones, state, run.storage, run.run_key, ma5, write, run.events
         )
         target = decision.reason == "target"
-        chosen = dit_export.epoch_export(state, target, loss, ma5, run.settings.export_interval_s)
+        moved = dit_export.adapter_moved(run.schedule.factor, state.step)
+        interval_s = run.settings.export_interval_s
+        chosen = dit_export.epoch_export(state, target, loss, ma5, interval_s, moved)
         if chosen == "hold":
             run.pending_best = dit_export.hold_best(run.transformer, state.epoch, ma5)
         elif chosen:
@@ -490,8 +492,11 @@ def finish(run: DitRun) -> DitResult:
             adapters.load_adapter_state(run.transformer, pending.state)
             state.best_epoch, state.best_ma5 = pending.epoch, pending.ma5
             save(run, "best")
-        elif state.saved_reason == "" and state.stop_reason in ("max_steps", "skipped"):
-            save(run, "final")  # no epoch finished yet: export what there is
+        elif state.saved_reason == "" and state.stop_reason != "non_finite":
+            # no epoch finished yet, or none changed the weights: export what there is
+            if not dit_export.adapter_moved(run.schedule.factor, state.step) and run.events:
+                run.events.log(dit_export.never_moved(state.step), "warn")
+            save(run, "final")
         log = write_log(run, final=True)
     else:
         log = {}

@@ -82,11 +82,18 @@ def hold_best(transformer: torch.nn.Module, epoch: int, ma5: float) -> PendingBe
 
 
 def epoch_export(
-    state: TrainState, target: bool, loss: float, ma5: float, interval_s: float
+    state: TrainState,
+    target: bool,
+    loss: float,
+    ma5: float,
+    interval_s: float,
+    moved: bool = True,
 ) -> str:
     """Which export the end of epoch `state.epoch` makes (see the module docstring): "target",
-    "best", "hold" or "". Records a new best and the target stop in `state`."""
-    improved = math.isfinite(ma5) and ma5 < state.best_ma5
+    "best", "hold" or "". Records a new best and the target stop in `state`. Until a step with a
+    non-zero learning rate has run (`moved`), the adapter is its initialisation (LoRA's B, one
+    LoKR factor: zeros), so no epoch can be its best."""
+    improved = moved and math.isfinite(ma5) and ma5 < state.best_ma5
     if improved:
         state.best_ma5, state.best_epoch = ma5, state.epoch
     if target:
@@ -95,6 +102,19 @@ def epoch_export(
     if not improved:
         return ""
     return "best" if time.time() - state.last_export >= interval_s else "hold"
+
+
+def adapter_moved(factor: Callable[[int], float], steps: int) -> bool:
+    """Whether any of the first `steps` optimizer steps ran with a non-zero learning-rate factor
+    (the schedule's lr(0) = 0: the first step leaves the adapter as it was initialised)."""
+    return any(factor(step) > 0 for step in range(steps))
+
+
+def never_moved(steps: int) -> str:
+    return (
+        f"the adapter never changed: all {steps} steps ran at learning rate 0 (the schedule "
+        "starts at 0); train more steps for a usable adapter"
+    )
 
 
 def note_saved(state: TrainState, reason: str) -> None:

@@ -468,3 +468,21 @@ def test_compiled_blocks_give_the_eager_gradients(storage, tiny_dit_dir, single_
     assert losses[1] == pytest.approx(losses[0], rel=1e-5)
     for eager, compiled in zip(*grads, strict=True):
         assert ((compiled - eager).norm() / eager.norm()).item() < 1e-4  # fused fp32 rounding
+
+
+def test_no_epoch_is_best_before_a_step_has_changed_the_weights(
+    storage, tiny_dit_dir, single_thread
+) -> None:
+    """lr(0) = 0: the first step leaves LoRA's B at zero, so its epoch's loss is the base model's
+    and must not be exported as the "best" adapter. A run stopped before any step with a non-zero
+    learning rate exports what it has as "final" and says the adapter never changed."""
+    options = fast_options(epochs=4, learning_rate=1e-2)
+    run, result = run_training(storage, tiny_dit_dir, options)
+    assert run.schedule.factor(0) == 0 and run.state.step == 4  # one step per epoch here
+    assert result.saved_reason == "best" and run.state.best_epoch >= 2
+
+    messages: list[str] = []
+    events = EventLog(lambda event: messages.append(getattr(event, "message", "")))
+    run, result = run_training(storage, tiny_dit_dir, options, events=events, max_steps=1)
+    assert run.state.step == 1 and result.saved_reason == "final"
+    assert any("the adapter never changed" in message for message in messages)
