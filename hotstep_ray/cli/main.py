@@ -145,16 +145,19 @@ def demo(
 
     Runs on a local Ray with the tiny CPU checkpoint unless --checkpoints points at real weights.
     Reruns reuse what did not change and continue an interrupted training run."""
-    _run_main_job(
-        as_json,
+    make(
+        songs="",  # the bundled examples
+        name="",
+        tag="",
         data=data,
-        ray_address=ray_address or None,
-        checkpoints=checkpoints or None,
+        ray_address=ray_address,
+        checkpoints=checkpoints,
         epochs=epochs,
         ray_train=ray_train,
-        train=not skip_train,
-        audition=not skip_audition,
+        skip_train=skip_train,
+        skip_audition=skip_audition,
         retrain=retrain,
+        as_json=as_json,
     )
 
 
