@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hotstep_ray.core.compile_cache import (
     CACHE_VARS,
     HOME_CACHE,
@@ -42,6 +44,7 @@ def test_an_object_store_root_uses_each_machines_home_and_the_users_choice_wins(
     assert env["TRITON_CACHE_DIR"] == "/mine/triton"
 
 
+@pytest.mark.slow  # a fresh process importing torch and compiling on the CPU
 def test_a_compile_writes_into_the_cache_under_the_root(tmp_path):
     """End to end in a fresh process: the variables reach Inductor, which writes its code there."""
     code = (
