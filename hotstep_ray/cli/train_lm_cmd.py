@@ -51,9 +51,6 @@ def _group() -> None:
     """Train 5 Hz LM (planner) adapters: `train-lm run SLUG …`."""
 
 
-find_codes = layout.find_lm_codes  # the codes file's lookup lives with the layout
-
-
 def lm_folder(checkpoints: str, options: TrainLmOptions) -> tuple[Path, TrainLmOptions]:
     """The LM folder of `options` and the options with its size: a named folder (`lm_model`)
     says its size in its config.json, which wins over the contract's default size; a size given
@@ -218,7 +215,7 @@ def run(
     )  # fmt: skip
     lm_dir, options = lm_folder(checkpoints, options)
     calibration = calibration_overrides(calibrate_scales, calibrate_seeds, calibrate_duration)
-    codes_key = codes or find_codes(storage, slug, variant)
+    codes_key = codes or layout.find_lm_codes(storage, slug, variant)
     engine = lm.LmEngine(
         device=device,
         batching=batching,

@@ -16,9 +16,11 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
+from hotstep_ray.audio.channels import to_mono
+from hotstep_ray.audio.resample import resample
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.labeling.audio_prep import ANALYSIS_RATE_HZ, essentia_standard, resample, to_mono
+from hotstep_ray.labeling.audio_prep import ANALYSIS_RATE_HZ, essentia_standard
 from hotstep_ray.labeling.descriptors import describe
 from hotstep_ray.labeling.tags import clean_tags
 

@@ -1,7 +1,5 @@
-"""Audio shaping for the analyzers and the caption providers: mono/stereo, 44.1 kHz, MP3.
-
-Resampling and channel layouts are the shared ones (`hotstep_ray.audio`), re-exported here for
-the analyzers."""
+"""Audio shaping for the caption providers (44.1 kHz stereo MP3) and the loader of Essentia.
+Resampling and channel layouts are the shared ones in `hotstep_ray.audio`."""
 
 from __future__ import annotations
 
@@ -10,18 +8,8 @@ import io
 import numpy as np
 import soundfile as sf
 
-from hotstep_ray.audio.channels import to_mono, to_stereo
+from hotstep_ray.audio.channels import to_stereo
 from hotstep_ray.audio.resample import resample
-
-__all__ = [
-    "ANALYSIS_RATE_HZ",
-    "MP3_BITRATE_KBPS",
-    "encode_mp3",
-    "essentia_standard",
-    "resample",
-    "to_mono",
-    "to_stereo",
-]
 
 ANALYSIS_RATE_HZ = 44_100  # what Essentia's rhythm and key extractors are tuned for
 MP3_BITRATE_KBPS = 96
