@@ -15,7 +15,11 @@ markers). The path is given inside that filesystem (`bucket/prefix/...`), as Ray
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 from hotstep_ray.core.storage import Storage
@@ -37,3 +41,24 @@ def results_location(storage: Storage, subdir: str = RESULTS_DIR) -> dict[str, A
         "storage_path": f"{storage.root_path}/{subdir.strip('/')}",
         "storage_filesystem": fs.PyFileSystem(fs.FSSpecHandler(storage.fs)),
     }
+
+
+@contextlib.contextmanager
+def checkpoint_folder(checkpoint: Any) -> Iterator[str]:
+    """A local folder holding a Ray Train checkpoint's files, for one worker.
+
+    `Checkpoint.as_directory()` shares one temporary folder between the workers of a node: one
+    downloads under a file lock, the others wait and then check the folder exists. The first
+    worker to finish deletes it, so a slower worker can find it gone and fail the restart
+    ("Checkpoint directory ... does not exist"). Each worker here downloads into a folder of its
+    own, removed afterwards; a checkpoint already on the local disk is read where it lies."""
+    import pyarrow.fs
+
+    if isinstance(checkpoint.filesystem, pyarrow.fs.LocalFileSystem):
+        yield checkpoint.path
+        return
+    folder = tempfile.mkdtemp(prefix="hotstep-ckpt-")
+    try:
+        yield checkpoint.to_directory(folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -33,7 +33,7 @@ from typing import Any
 from hotstep_ray.core import layout
 from hotstep_ray.core.events import EventLog, jsonl_sink
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.distributed.ray_results import results_location
+from hotstep_ray.distributed.ray_results import checkpoint_folder, results_location
 from hotstep_ray.distributed.runtime import die_after_checkpoint
 from hotstep_ray.mm3 import checkpoint as ckpt
 from hotstep_ray.mm3 import train, vram
@@ -182,7 +182,7 @@ def _worker(config: dict[str, Any]) -> None:
     checkpoint = ray.train.get_checkpoint()
     first_attempt = checkpoint is None
     if checkpoint is not None:
-        with checkpoint.as_directory() as folder:
+        with checkpoint_folder(checkpoint) as folder:
             train.restore(run, Storage(folder), "")
     run.checkpoint_hook = _report_hook(config.get("fail_at_step") if first_attempt else None)
     gate = train.train(run)

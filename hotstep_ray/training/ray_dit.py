@@ -42,7 +42,7 @@ from hotstep_ray.core.contracts import TrainDitOptions
 from hotstep_ray.core.errors import InputError, StorageError
 from hotstep_ray.core.events import EventLog, jsonl_sink
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.distributed.ray_results import results_location
+from hotstep_ray.distributed.ray_results import checkpoint_folder, results_location
 from hotstep_ray.distributed.runtime import die_after_checkpoint
 from hotstep_ray.training import adapters, dit, dit_data, dit_vram
 
@@ -274,7 +274,7 @@ def _worker(config: dict[str, Any]) -> None:
     options = TrainDitOptions.model_validate(config["options"])
     run = dit.setup(options, storage, config["dataset"], settings, events)
     if checkpoint is not None:
-        with checkpoint.as_directory() as folder:
+        with checkpoint_folder(checkpoint) as folder:
             dit.restore(run, Storage(folder), "")
     run.checkpoint_hook = _report_hook(config.get("fail_at_step") if first_attempt else None)
     result = dit.train(run, max_steps=config.get("max_steps"))

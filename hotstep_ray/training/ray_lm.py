@@ -27,7 +27,7 @@ import torch
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog, jsonl_sink
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.distributed.ray_results import results_location
+from hotstep_ray.distributed.ray_results import checkpoint_folder, results_location
 from hotstep_ray.training import lm
 from hotstep_ray.training.lm_vram import GIB
 from hotstep_ray.training.ray_dit import VRAM_RESOURCE as VRAM_GB_RESOURCE
@@ -64,7 +64,7 @@ def _train_loop(config: dict[str, Any]) -> None:
     state = None
     restored = ray.train.get_checkpoint()
     if restored is not None:
-        with restored.as_directory() as folder:
+        with checkpoint_folder(restored) as folder:
             state = lm.load_state(setup, Storage(folder), "")
         setup.log(f"resumed after a failure at epoch {state.epoch} (step {state.step})", "warn")
     elif config.get("resume"):  # the job's first attempt continues the run folder's checkpoint
