@@ -39,11 +39,13 @@ import secrets
 import shutil
 import socket
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 import warnings
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -390,18 +392,30 @@ def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> Ma
         if config.train:
             where = "Ray Train" if config.ray_train else "in process"
             runs = RunRecord(storage, detail.slug)
-            with _stage(job, reports, "train-dit", clock) as row:
-                dit_run, how = train_dit_stage(
-                    job, storage, detail, pre, checkpoints, recipe, config, runs
-                )
-                row.note(_train_summary(dit_run, how or where), dit_run.url, _loss_change(dit_run))
-                row.epochs = _epochs_run(dit_run, how)
-            with _stage(job, reports, "train-lm", clock) as row:
-                lm_run, how = train_lm_stage(
-                    job, storage, detail, pre, checkpoints, recipe, config, runs
-                )
-                row.note(_train_summary(lm_run, how or where), lm_run.url, _loss_change(lm_run))
-                row.epochs = _epochs_run(lm_run, how)
+
+            def dit_stage() -> TrainedAdapter:
+                with _stage(job, reports, "train-dit", clock) as row:
+                    run, how = train_dit_stage(
+                        job, storage, detail, pre, checkpoints, recipe, config, runs
+                    )
+                    row.note(_train_summary(run, how or where), run.url, _loss_change(run))
+                    row.epochs = _epochs_run(run, how)
+                return run
+
+            def lm_stage() -> TrainedAdapter:
+                with _stage(job, reports, "train-lm", clock) as row:
+                    run, how = train_lm_stage(
+                        job, storage, detail, pre, checkpoints, recipe, config, runs
+                    )
+                    row.note(_train_summary(run, how or where), run.url, _loss_change(run))
+                    row.epochs = _epochs_run(run, how)
+                return run
+
+            # Neither trainer needs the other's adapter. On Ray each trains in worker processes
+            # of its own (on one GPU, each asks for the share of it its memory takes), so they
+            # run side by side; in this process they would contend for the interpreter and
+            # torch's threads, so they run one after the other.
+            dit_run, lm_run = _side_by_side((dit_stage, lm_stage), config.ray_train)
             if config.audition:
                 with _stage(job, reports, "audition", clock) as row:
                     ab = audition_stage(job, storage, detail, checkpoints, lm_run, recipe)
@@ -414,6 +428,7 @@ def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> Ma
         else:
             names = ("train-dit", "train-lm", "audition", "report")
             _skip(job, reports, names, "--skip-train", clock)
+        reports.sort(key=lambda report: report.start_s)  # side-by-side stages end in any order
         result_key = layout.job_result(job.id)
         result = MainJobResult(
             job_id=job.id,
@@ -456,6 +471,7 @@ class RunRecord:
         self.entries: dict[str, Any] = (
             storage.read_json(self.key) if storage.exists(self.key) else {}
         )
+        self._lock = threading.Lock()  # the two trainers record their runs from two threads
 
     def fingerprint(self, kind: str, options: Any, pre: PreprocessResult, checkpoints: Path) -> str:
         meta = self.storage.read_json(f"{self.storage.key_of(pre.tensor_dir)}/{META_FILE}")
@@ -486,8 +502,9 @@ class RunRecord:
         self._write(kind, {**entry, "run_key": trained.run_key, "adapter": asdict(trained)})
 
     def _write(self, kind: str, entry: dict[str, Any]) -> None:
-        self.entries[kind] = entry
-        self.storage.write_json(self.key, self.entries)
+        with self._lock:
+            self.entries[kind] = entry
+            self.storage.write_json(self.key, self.entries)
 
 
 @dataclass(frozen=True)
@@ -984,6 +1001,18 @@ def _stage(job: Job, reports: list[StageReport], name: str, clock: _Clock) -> It
     job.events.log(f"{name}: {row.summary} ({report.seconds:.1f} s{busy})")
 
 
+def _side_by_side(stages: tuple[Callable[[], Any], ...], concurrent: bool) -> list[Any]:
+    """Each stage's result, in order; with `concurrent`, the stages run on threads of their own.
+    Every stage runs to its end even when another fails (a finished adapter run is recorded and a
+    rerun reuses it); then the first failure, in stage order, is raised."""
+    if not concurrent:
+        return [stage() for stage in stages]
+    with ThreadPoolExecutor(max_workers=len(stages), thread_name_prefix="stage") as pool:
+        futures = [pool.submit(stage) for stage in stages]
+        wait(futures)
+    return [future.result() for future in futures]
+
+
 def _epochs_run(run: TrainedAdapter, how: str) -> list[float]:
     """The loop seconds of the epochs this job ran (none for a reused run, the continued part of
     an interrupted one)."""
@@ -1020,7 +1049,8 @@ def _sub_job(main: Job, kind: JobKind, *, follow: bool) -> Iterator[Job]:
     In process the sub-job forwards as it emits. With `follow`, a Ray Train worker appends to the
     sub-job's events.jsonl from another process, so that file is followed instead (everything,
     the driver's own events included, then reaches `main` once, in file order)."""
-    forward = child_sink(main.events)
+    # the trainers run side by side: their lines say whose they are
+    forward = child_sink(main.events, source=kind if kind in ("train-dit", "train-lm") else "")
     dataset_id = main.summary.dataset_id
     if not follow:
         with Job(main.storage, kind, dataset_id=dataset_id, sinks=(forward,)) as sub:

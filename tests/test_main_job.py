@@ -72,6 +72,9 @@ def _check_dataset(dataset_json: Path) -> dict:
     return built
 
 
+TRAINERS = ("train-dit", "train-lm")
+
+
 def test_demo_runs_the_whole_product_and_reruns_idempotently(tmp_path, ray_session):
     runner = CliRunner()
     first = runner.invoke(app, ["demo", "--data", str(tmp_path)])
@@ -104,6 +107,10 @@ def test_demo_runs_the_whole_product_and_reruns_idempotently(tmp_path, ray_sessi
         "audition",
         "report",
     ]
+    # On Ray the two trainers ran side by side: each started before the other ended.
+    dit_row, lm_row = (next(s for s in result["stages"] if s["name"] == n) for n in TRAINERS)
+    assert lm_row["start_s"] < dit_row["start_s"] + dit_row["seconds"]
+    assert dit_row["start_s"] < lm_row["start_s"] + lm_row["seconds"]
 
     # Preprocess: one safetensors per song, plus the variant's codes and stats.
     tensor_dir = tmp_path / "tensors" / "examples" / VARIANT
@@ -153,6 +160,9 @@ def test_demo_runs_the_whole_product_and_reruns_idempotently(tmp_path, ray_sessi
     assert any(e.type == "progress" and e.phase == "probe" and e.done == 12 for e in events)
     epochs = [e for e in events if isinstance(e, MetricEvent) and e.metric == "epoch"]
     assert len(epochs) == 8 + 4
+    # interleaved, each says whose it is: the DiT's 8 epochs and the LM's 4
+    sources = [(e.model_extra or {}).get("source") for e in epochs]
+    assert (sources.count("train-dit"), sources.count("train-lm")) == (8, 4)
 
     # A rerun reuses the dataset, the labels, every cached tensor and both finished adapter runs
     # (nothing they depend on changed; tests/test_make.py covers continuing an interrupted run).

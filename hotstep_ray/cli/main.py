@@ -50,9 +50,12 @@ def _console_sink(event) -> None:
     """Human progress on the terminal: stage headers, logs, finished counts and epoch losses."""
     from hotstep_ray.main_job import STAGES
 
+    source = (event.model_extra or {}).get("source")
+    who = f"{source}: " if source else ""  # stages running side by side (the two trainers)
     if isinstance(event, LogEvent):
         style = {"info": "dim", "warn": "yellow", "error": "red"}[event.level]
-        console.print(f"  [{style}]{escape(event.message)}[/]", highlight=False, soft_wrap=True)
+        line = escape(who + event.message)
+        console.print(f"  [{style}]{line}[/]", highlight=False, soft_wrap=True)
     elif isinstance(event, ProgressEvent):
         if (event.model_extra or {}).get("stage") in STAGES:  # sub-jobs' own phases stay quiet
             console.print(f"[bold]▸ {event.phase}[/]")
@@ -60,7 +63,8 @@ def _console_sink(event) -> None:
             console.print(f"  [dim]{event.phase}: {event.done}/{event.total}[/]")
     elif isinstance(event, MetricEvent) and event.metric == "epoch" and event.loss is not None:
         console.print(
-            f"  [dim]epoch {event.epoch}/{event.epochs}  loss {event.loss:.4f}[/]", highlight=False
+            f"  [dim]{escape(who)}epoch {event.epoch}/{event.epochs}  loss {event.loss:.4f}[/]",
+            highlight=False,
         )
 
 

@@ -163,14 +163,18 @@ class EventLog:
         )
 
 
-def child_sink(parent: EventLog) -> EventSink:
+def child_sink(parent: EventLog, source: str = "") -> EventSink:
     """Forward a sub-job's events into a parent's log, minus its `job` and terminal `status`
     events: those belong to the sub-job's own record, and a reader of the parent stream stops at
-    the first `status` it sees."""
+    the first `status` it sees. With `source`, its log and metric events carry it as the extra key
+    `source`, so a reader can tell apart the lines of sub-jobs that run at the same time."""
 
     def forward(event: _Event) -> None:
-        if event.type not in ("job", "status"):
-            parent.emit(event)
+        if event.type in ("job", "status"):
+            return
+        if source and event.type in ("log", "metric"):
+            event = type(event).model_validate({**event.model_dump(), "source": source})
+        parent.emit(event)
 
     return forward
 

@@ -15,6 +15,7 @@ import json
 import os
 import posixpath
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from fsspec.implementations.local import LocalFileSystem
 
 from hotstep_ray.core.errors import StorageError
 
+# One process's appends to an object-store log, one at a time (see `append_line`).
+_REMOTE_APPEND = threading.Lock()
 # The process's umask, read once (reading it means setting it: not something to do per write).
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
@@ -203,8 +206,9 @@ class Storage:
             with open(path, "a", encoding="utf-8") as handle:
                 handle.write(line)
             return
-        old = self.fs.cat_file(path) if self.fs.exists(path) else b""
-        self.fs.pipe_file(path, old + line.encode("utf-8"))
+        with _REMOTE_APPEND:  # two threads' read+rewrite must not drop each other's line
+            old = self.fs.cat_file(path) if self.fs.exists(path) else b""
+            self.fs.pipe_file(path, old + line.encode("utf-8"))
 
     def copy(self, src_key: str, dst_key: str) -> None:
         self.write_bytes(dst_key, self.read_bytes(src_key))

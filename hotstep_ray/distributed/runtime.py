@@ -6,6 +6,7 @@ import logging
 import os
 
 from hotstep_ray.core.compile_cache import compile_cache_vars
+from hotstep_ray.distributed.gpu_share import local_ray_resources
 
 # Ray reads these at import/init time: no usage stats from our machines, and no token-auth surprise
 # when a driver joins a `ray start` head (Ray 2.60 enables token auth by default).
@@ -33,7 +34,15 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: b
     else:
         # "local" always starts a fresh instance: without it, ray.init() silently joins any
         # `ray start` head left running on this machine, with that cluster's resources.
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
+        # A GPU machine's memory as `VRAM_GB`, as `cluster/start-node.py` declares it on a cluster:
+        # the trainers then ask for shares of a card and can train side by side.
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            resources=local_ray_resources() or None,
+            include_dashboard=False,
+            **kwargs,
+        )
     return ray
 
 

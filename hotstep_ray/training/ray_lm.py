@@ -1,8 +1,9 @@
 """LM adapter training as a Ray Train job: the same setup -> train -> save in every worker.
 
 Driver: size the job from the memory plan (`lm.memory_plan`: every layer checkpointed, the largest
-micro-batch), pick the run folder, start a `TorchTrainer` with one GPU per worker (CPU workers
-when there is no GPU), `FailureConfig(max_failures)`.
+micro-batch), pick the run folder, start a `TorchTrainer` whose workers ask for the GPU memory the plan needs
+(`distributed.gpu_share`: a share of one card for a one-worker job, whole GPUs for several; CPU
+workers when there is no GPU), `FailureConfig(max_failures)`.
 Worker: `setup_lm` on its device (DDP over the loss module when there are several workers; each
 rank takes every world-th micro-batch group), resume from `ray.train.get_checkpoint()` when Ray
 restarted it (else, with `resume`, from the run folder's `<run>/checkpoint/`), report each epoch's metrics (and every `checkpoint_every` epochs a checkpoint) with
@@ -27,24 +28,15 @@ import torch
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog, jsonl_sink
 from hotstep_ray.core.storage import Storage
+from hotstep_ray.distributed.gpu_share import GB, gpu_worker_resources
 from hotstep_ray.distributed.ray_results import checkpoint_folder, results_location
 from hotstep_ray.training import lm
 from hotstep_ray.training.lm_vram import GIB
-from hotstep_ray.training.ray_dit import VRAM_RESOURCE as VRAM_GB_RESOURCE
-
-# The custom node resource in GiB of GPU memory, shared with the DiT trainer and the cluster
-# configs (`ray start --resources='{"VRAM_GB": 80}'`). When the cluster advertises it the job asks
-# for what its memory plan needs, so it lands only on GPUs that are big enough; otherwise one
-# whole GPU per worker is asked for.
-VRAM_RESOURCE = VRAM_GB_RESOURCE
 
 
-def worker_resources(estimate_bytes: int, reserve_gib: float, cluster: dict[str, float]) -> dict:
-    """Resources of one GPU worker: a GPU, plus GiB of `VRAM_RESOURCE` when the cluster has it."""
-    resources: dict[str, float] = {"GPU": 1}
-    if VRAM_RESOURCE in cluster:
-        resources[VRAM_RESOURCE] = math.ceil(estimate_bytes / GIB + reserve_gib)
-    return resources
+def worker_need_gb(estimate_bytes: int, reserve_gib: float) -> float:
+    """Decimal GB (the `VRAM_GB` resource's unit) one worker's memory plan needs, reserve included."""
+    return float(math.ceil((estimate_bytes + reserve_gib * GIB) / GB))
 
 
 def _train_loop(config: dict[str, Any]) -> None:
@@ -150,16 +142,16 @@ def run_lm_on_ray(
         if not spec.run_key:
             raise InputError("resume needs the run folder (run_key) of the interrupted run")
         spec = lm.options_from_checkpoint(spec, storage)
-    cluster = ray.cluster_resources()
     if use_gpu is None:
-        use_gpu = cluster.get("GPU", 0) > 0
+        use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     estimate = lm.memory_plan(spec, storage)
     if not spec.run_key:
         size = lm.lm_size_of(lm.read_dims(spec.lm_dir), spec.options.lm_size)
         run_key = layout.new_run_dir(storage, layout.lm_adapter_base(size), spec.artist)
         spec = spec.model_copy(update={"run_key": run_key})
     if use_gpu:
-        resources = worker_resources(estimate.total, spec.engine.vram_reserve_gib, cluster)
+        need_gb = worker_need_gb(estimate.total, spec.engine.vram_reserve_gib)
+        resources = gpu_worker_resources(need_gb, num_workers, ray.nodes())
     else:
         resources = {"CPU": 1}
     name = spec.run_key.replace("/", "_")
