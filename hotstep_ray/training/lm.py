@@ -814,7 +814,8 @@ def end_epoch(setup: LmSetup, state: LmTrainState, row: dict[str, Any]) -> None:
     state.history.append(row)
     state.epoch = epoch
     state.elapsed_ms += row["ms"]
-    best = math.isfinite(loss) and loss < state.best_loss
+    # the best is an adapter training changed: never one only lr(0) = 0 steps touched
+    best = math.isfinite(loss) and loss < state.best_loss and setup.schedule.moved(state.step)
     if best:
         state.best_loss, state.best_epoch = loss, epoch
     decision = state.stop_rule.end_epoch(epoch, loss)
@@ -1050,7 +1051,17 @@ def _peak_mb(setup: LmSetup) -> int:
 def save_lm(setup: LmSetup, state: LmTrainState) -> LmRunResult:
     """Export the kept adapter and write the training log into the run folder (main rank)."""
     if not state.saved_state:
-        raise InputError("training produced no finite epoch loss; nothing to export")
+        if not any(math.isfinite(row["loss"]) for row in state.history):
+            raise InputError("training produced no finite epoch loss; nothing to export")
+        # Every step ran at learning rate 0: export what there is, and say it is unchanged.
+        setup.log(
+            f"the adapter never changed: all {state.step} steps ran at learning rate 0 (the "
+            "schedule starts at 0); train more steps for a usable adapter",
+            "warn",
+        )
+        state.saved_state = _snapshot(setup.model)
+        state.saved_epoch, state.saved_reason = state.epoch, "final"
+        state.saved_loss = state.history[-1]["loss"]
     files: list[str] = []
     if "export" in setup.options.stages:
         live = _snapshot(setup.model)

@@ -56,6 +56,12 @@ class LrSchedule:
     def factor(self, step: int) -> float:
         return lr_factor(step, self.total_steps, self.warmup_steps, self.floor)
 
+    def moved(self, steps: int) -> bool:
+        """Whether any of the first `steps` optimizer steps ran with a non-zero factor: lr(0) = 0,
+        so an adapter whose only steps ran there is still its initialisation (LoRA's B = 0, a
+        do-nothing adapter) and no epoch that ended then may be kept as the best."""
+        return any(self.factor(step) > 0 for step in range(steps))
+
     def apply(self, optimizer: Any, step: int) -> float:
         """Set every group's `lr = base_lr · f(step)` before `optimizer.step()`; returns f.
         A group without `base_lr` (a plain torch optimizer) takes its current lr as the peak."""

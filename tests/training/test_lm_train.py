@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from hotstep_ray.core.contracts import TrainLmOptions
 from hotstep_ray.core.errors import InputError
+from hotstep_ray.core.events import EventLog
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.models import lm_tokenizer, prompts
 from hotstep_ray.models.text_models import load_lm
@@ -228,6 +229,29 @@ def test_lokr_run_exports_lycoris_and_is_continued_with_its_shape(tiny):
     assert meta["hot_step_trigger"] == TRIGGER and meta["hot_step_lm_trainer"] == "v1"
     again = lm.setup_lm(make_spec(folder, init_adapter=spec.run_key, adapter_type=None), storage)
     assert again.identity == lm.AdapterIdentity(32, 2, "lokr", 4, 4, "0.6B")
+
+
+def test_no_epoch_is_best_before_a_step_has_changed_the_weights(tiny):
+    """lr(0) = 0: the first step leaves LoRA's B at zero, so its epoch's loss is the base model's
+    and must not be kept as the "best" adapter; a run with no other step exports its adapter as
+    "final" and says it never changed."""
+    folder, storage = tiny
+    one_step = {"grad_accum": 2}  # the two songs make one optimizer step per epoch
+    spec = make_spec(folder, "adapters/lm-06b/band/lr0", epochs=3, **one_step)
+    setup = lm.setup_lm(spec, storage)
+    state = lm.train_lm(setup)
+    assert setup.schedule.factor(0) == 0 and state.step == 3
+    assert state.saved_reason == "best" and state.best_epoch >= 2
+
+    messages: list[str] = []
+    events = EventLog(lambda event: messages.append(getattr(event, "message", "")))
+    spec = make_spec(folder, "adapters/lm-06b/band/lr0-only", epochs=3, **one_step)
+    setup = lm.setup_lm(spec, storage, events=events)
+    state = lm.train_lm(setup, stop_after_epoch=1)  # stopped after its lr(0) step
+    assert state.step == 1 and not state.saved_state  # nothing was ever "best"
+    result = lm.save_lm(setup, state)
+    assert result.log["saved_reason"] == "final"
+    assert any("the adapter never changed" in message for message in messages)
 
 
 def test_a_non_finite_gradient_stops_before_the_step(tiny):
