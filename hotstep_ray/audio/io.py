@@ -7,7 +7,9 @@ decoder and are reported as unreadable rather than guessed at.
 from __future__ import annotations
 
 import io
+import struct
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import soundfile as sf
@@ -77,3 +79,28 @@ def encode_audio(audio: np.ndarray, sample_rate_hz: int, fmt: str = "WAV") -> by
         for start in range(0, data.shape[0], WRITE_BLOCK_FRAMES):
             handle.write(data[start : start + WRITE_BLOCK_FRAMES])
     return buffer.getvalue()
+
+
+# WAV sample formats written by hand: (format tag, bytes per sample). Format 3 is IEEE float.
+_WAV_FORMATS = {"pcm16": (1, 2), "float32": (3, 4)}
+
+
+def wav_header(
+    channels: int, rate_hz: int, frames: int, sample_format: Literal["pcm16", "float32"]
+) -> bytes:
+    """The RIFF header for `frames` interleaved frames of `sample_format` that follow it.
+
+    For the writers that skip libsndfile: the audition's 16-bit fast path (samples converted on
+    the GPU) and byte-identical float WAVs (libsndfile's float WAVs carry a PEAK chunk with a
+    timestamp). 16-bit PCM gets the canonical 44 bytes; float gets the `fact` chunk (its frame
+    count) that the WAV spec asks of every non-PCM file."""
+    tag, width = _WAV_FORMATS[sample_format]
+    size = frames * channels * width
+    fmt = struct.pack(
+        "<HHIIHH", tag, channels, rate_hz, rate_hz * channels * width, channels * width, 8 * width
+    )
+    chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt
+    if tag != 1:
+        chunks += b"fact" + struct.pack("<II", 4, frames)
+    chunks += b"data" + struct.pack("<I", size)
+    return b"RIFF" + struct.pack("<I", 4 + len(chunks) + size) + b"WAVE" + chunks

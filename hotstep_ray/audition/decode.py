@@ -23,7 +23,6 @@ graph serves every full window of every long clip, and a few more the tails.
 from __future__ import annotations
 
 import math
-import struct
 import threading
 import time
 from collections import defaultdict
@@ -35,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hotstep_ray.audio.io import encode_audio
+from hotstep_ray.audio.io import encode_audio, wav_header
 from hotstep_ray.audition.checkpoints import load_codes_parts, pick
 from hotstep_ray.audition.codes import (
     CODE_HZ,
@@ -324,7 +323,7 @@ def pcm16_wav(audio: torch.Tensor, sample_rate_hz: int = SAMPLE_RATE_HZ) -> byte
     the audio's device, so only 2 bytes per sample cross to the host (a 240 s song: 46 MB); from
     CUDA through a reused page-locked buffer, then one copy into the returned `bytes`."""
     pcm = _pcm16(audio)
-    header = _wav_header(int(audio.shape[0]), sample_rate_hz, pcm.numel() * 2)
+    header = wav_header(int(audio.shape[0]), sample_rate_hz, int(audio.shape[1]), "pcm16")
     if pcm.device.type != "cuda":  # one copy: header + the int16 buffer (.cpu(): no-op on CPU)
         return b"".join((header, pcm.cpu().numpy()))
     return _pcm16_from_cuda(pcm, header)
@@ -344,26 +343,6 @@ def _pcm16(audio: torch.Tensor) -> torch.Tensor:
     # [-32767, 32767]
     pcm.T.copy_(scaled)
     return pcm
-
-
-def _wav_header(channels: int, sample_rate_hz: int, size: int) -> bytes:
-    """The 44-byte RIFF header of a 16-bit PCM WAV with `size` bytes of samples."""
-    return struct.pack(
-        "<4sI4s4sIHHIIHH4sI",
-        b"RIFF",
-        36 + size,
-        b"WAVE",
-        b"fmt ",
-        16,  # fmt chunk size
-        1,  # PCM
-        channels,
-        sample_rate_hz,
-        sample_rate_hz * channels * 2,  # bytes per second
-        channels * 2,  # block align
-        16,  # bits per sample
-        b"data",
-        size,
-    )
 
 
 @dataclass

@@ -26,7 +26,6 @@ side is always base composer + base DiT.
 from __future__ import annotations
 
 import json
-import struct
 import threading
 import time
 import uuid
@@ -39,6 +38,7 @@ import torch
 from pydantic import Field
 from safetensors.torch import load as load_safetensors
 
+from hotstep_ray.audio.io import wav_header
 from hotstep_ray.audition.errors import NotFoundError
 from hotstep_ray.core import layout
 from hotstep_ray.core.contracts import Options
@@ -95,26 +95,9 @@ class Mm3AbResult:
 
 
 def wav_bytes(audio: np.ndarray, rate_hz: int = SAMPLE_RATE_HZ) -> bytes:
-    """[C, T] float audio -> a 32-bit float WAV (format 3), written here rather than by
-    libsndfile, whose float WAVs carry a PEAK chunk with a timestamp: identical samples must give
-    identical bytes."""
-    channels = int(audio.shape[0])
+    """[C, T] float audio -> a 32-bit float WAV whose bytes depend on the samples alone."""
     data = np.ascontiguousarray(audio.T, dtype="<f4").tobytes()  # interleaved frames
-    fmt = struct.pack("<HHIIHH", 3, channels, rate_hz, rate_hz * channels * 4, channels * 4, 32)
-    fact = struct.pack("<I", int(audio.shape[1]))
-    body = (
-        b"WAVE"
-        + b"fmt "
-        + struct.pack("<I", len(fmt))
-        + fmt
-        + b"fact"
-        + struct.pack("<I", len(fact))
-        + fact
-        + b"data"
-        + struct.pack("<I", len(data))
-        + data
-    )
-    return b"RIFF" + struct.pack("<I", len(body)) + body
+    return wav_header(int(audio.shape[0]), rate_hz, int(audio.shape[1]), "float32") + data
 
 
 def resolve_adapter_key(storage: Storage, adapter: str) -> str:

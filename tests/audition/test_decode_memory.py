@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from hotstep_ray.audio.io import wav_header
 from hotstep_ray.audition.decode import TiledVaeDecoder, pcm16_wav
 from hotstep_ray.models.oobleck_fast import ShapeGraphs
 
@@ -141,7 +142,7 @@ def test_pinned_staging_is_reused_grown_and_never_shrunk(monkeypatch):
     for samples, seed in [(70_000, 7), (900, 8)]:  # long then short through one buffer
         audio = random_audio(2, samples, seed)
         pcm = decode._pcm16(torch.from_numpy(audio))  # CPU tensor: the staging key is "cpu"
-        header = decode._wav_header(2, RATE, pcm.numel() * 2)
+        header = wav_header(2, RATE, samples, "pcm16")
         assert decode._pcm16_from_cuda(pcm, header) == reference_wav(audio)
     assert made == [1 << 20]  # 280 kB then 3.6 kB: one buffer
 
