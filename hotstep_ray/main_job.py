@@ -152,8 +152,6 @@ class Recipe:
     encoder_tasks_in_flight: int | None  # Ray Data batches queued per encoder actor; None: Ray's
     dit: TrainDitOptions  # variant_key and adapter_name are filled in per run
     dit_step_event_s: float  # min seconds between per-step metric events (the plot's points)
-    # min seconds between the DiT's resumable epoch-end checkpoints: what a crash can lose
-    checkpoint_interval_s: float
     lm: TrainLmOptions
     lm_engine: LmEngine
     use_gpu: bool | None  # Ray Train workers; None: when the cluster has GPUs
@@ -197,9 +195,9 @@ def tiny_recipe(epochs: int | None = None) -> Recipe:
             milestone_step=0,
             checkpoint_segments=0,
             init_adapter="",
+            checkpoint_every_s=0,  # every epoch: tiny adapters, a few KiB each
         ),
         dit_step_event_s=0.0,  # an event per step: the plot's points
-        checkpoint_interval_s=0.0,  # every epoch: tiny adapters, a few KiB each
         lm=TrainLmOptions(
             lm_size="0.6B",
             adapter_type="lora",
@@ -231,10 +229,10 @@ def real_recipe(lm_size: str, epochs: int | None = None) -> Recipe:
         preprocess=PreprocessOptions(),
         pipeline=RayPipelineConfig(),
         encoder_tasks_in_flight=None,
-        dit=TrainDitOptions(**given),
+        # An adapter and its optimizer moments are a few hundred MB at most, written in seconds:
+        # a checkpoint a minute bounds what a crash can lose.
+        dit=TrainDitOptions(checkpoint_every_s=60, **given),
         dit_step_event_s=1.0,
-        # An adapter and its optimizer moments are a few hundred MB at most, written in seconds.
-        checkpoint_interval_s=60.0,
         lm=TrainLmOptions(lm_size=lm_size, **given),  # type: ignore[arg-type]
         lm_engine=LmEngine(),
         use_gpu=None,
@@ -457,6 +455,10 @@ def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> Ma
 # =============================================================================== stages
 
 
+# Options that say how often a run checkpoints: they do not change its adapter.
+CADENCE_FIELDS = {"checkpoint_every_s", "checkpoint_every_epochs"}
+
+
 class RunRecord:
     """`datasets/<slug>/make_runs.json`: which adapter run the main job last trained per trainer,
     with the fingerprint of everything that run depends on (its options, the tensor cache's
@@ -478,7 +480,8 @@ class RunRecord:
         stamps = ("created_at", "updated_at")
         what = {
             "kind": kind,
-            "options": options.model_dump(mode="json"),
+            # how often a run checkpoints does not change its adapter
+            "options": options.model_dump(mode="json", exclude=CADENCE_FIELDS),
             "cache": {k: v for k, v in meta.items() if k not in stamps},
             "checkpoints": str(checkpoints),
         }
@@ -726,7 +729,7 @@ def train_dit_stage(
     """The DiT adapter run on the tensor cache, as its own `train-dit` job: the recorded run when
     nothing it depends on changed, the interrupted one continued from its checkpoint, or a new
     one. Returns the run and how it was come by ("" = trained here)."""
-    from hotstep_ray.training import dit
+    from hotstep_ray.training import dit, dit_state
 
     options = _with(recipe.dit, variant_key=pre.variant_key, adapter_name=detail.slug)
     fingerprint = runs.fingerprint("dit", options, pre, checkpoints)
@@ -739,21 +742,22 @@ def train_dit_stage(
     base = layout.dit_adapter_base(folder.name)
     # An interrupted run continues from its newest checkpoint; one that left none starts over in a
     # new folder (the old one may hold a best-so-far export that would refuse a fresh run).
-    resume = _dit_checkpoint(storage, plan.run_key) if plan.run_key else None
+    saved = dit_state.newest_checkpoint(storage, plan.run_key) if plan.run_key else None
+    resume = saved.key if saved else None
     run_key = plan.run_key if resume else layout.new_run_dir(storage, base, detail.slug)
     if resume:
         job.events.log(f"continuing the interrupted DiT run {storage.url_of(run_key)}")
     runs.start("dit", fingerprint, run_key)
-    settings = dit.DitSettings(
-        checkpoints_dir=str(checkpoints),
-        artist=detail.slug,
-        step_event_interval_s=recipe.dit_step_event_s,
-        device=recipe.device,
-        checkpoint_interval_s=recipe.checkpoint_interval_s,
-        run_key=run_key,
-        resume=resume,
-    )
     with _sub_job(job, "train-dit", follow=config.ray_train) as sub:
+        settings = dit.DitSettings(
+            checkpoints_dir=str(checkpoints),
+            artist=detail.slug,
+            step_event_interval_s=recipe.dit_step_event_s,
+            device=recipe.device,
+            run_key=run_key,
+            job_id=sub.id,
+            resume=resume,
+        )
         sub.phase("train")
         if config.ray_train:
             from hotstep_ray.training.ray_dit import train_dit_on_ray
@@ -776,36 +780,10 @@ def train_dit_stage(
             run_key, train_log = outcome.run_key, outcome.log
     base_model = Path(str(train_log.get("config", {}).get("dit_path", ""))).name
     trained = _trained("dit", sub.id, storage, run_key, train_log, options.adapter_type, base_model)
-    if resume:
-        done = int(storage.read_json(f"{resume}/{MANIFEST}").get("epoch") or 0)
-        trained = dataclasses.replace(trained, resumed_epochs=done)
+    if saved:
+        trained = dataclasses.replace(trained, resumed_epochs=saved.epoch)
     runs.finish("dit", trained)
     return trained, "continued" if resume else ""
-
-
-def _dit_checkpoint(storage: Storage, run_key: str) -> str | None:
-    """The newest resumable checkpoint of an interrupted DiT run: `<run>/checkpoint/` (in-process
-    runs) or the newest of Ray Train's checkpoints of that run (`train-dit-<stamp>/checkpoint_*`
-    under the Ray results folder). None when the run got no checkpoint before it stopped."""
-    from hotstep_ray.distributed.ray_results import RESULTS_DIR
-
-    found = []
-    local = f"{run_key}/checkpoint"
-    if storage.exists(f"{local}/{MANIFEST}"):
-        found.append((storage.read_json(f"{local}/{MANIFEST}"), local))
-    ray_run = f"{RESULTS_DIR}/train-dit-{run_key.rsplit('/', 1)[-1]}"
-    if storage.exists(ray_run):
-        for key in storage.list(ray_run):
-            name = key.rsplit("/", 1)[-1]
-            if name.startswith("checkpoint_") and storage.exists(f"{key}/{MANIFEST}"):
-                found.append((storage.read_json(f"{key}/{MANIFEST}"), key))
-    if not found:
-        return None
-    return max(found, key=lambda item: _manifest_step(item[0]))[1]
-
-
-def _manifest_step(manifest: dict[str, Any]) -> int:
-    return int(manifest.get("step") or 0)
 
 
 def train_lm_stage(

@@ -118,8 +118,9 @@ def list_jobs(
     dataset: str = typer.Option("", help="Only jobs of this dataset id."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Every job under the storage root, newest first (studio, CLI and `ray job submit` runs)."""
-    from hotstep_ray.studio.records import list_stored
+    """Every job under the storage root, newest first (studio, CLI and `ray job submit` runs).
+    A job whose process is gone without ending its record (killed) shows as `lost`."""
+    from hotstep_ray.studio.records import LOST, list_stored
 
     jobs = [j for j in list_stored(Storage(data)) if not dataset or j.dataset_id == dataset]
     jobs.sort(key=lambda j: (j.created_at, j.id), reverse=True)
@@ -131,10 +132,11 @@ def list_jobs(
         table.add_column(column, overflow="fold")
     for job in jobs:
         style = {"done": "green", "failed": "red", "cancelled": "yellow"}.get(job.status, "cyan")
+        lost = job.status == "failed" and job.error.startswith(f"{LOST}:")
         table.add_row(
             job.id,
             job.kind,
-            f"[{style}]{job.status}[/]",
+            f"[{style}]{LOST if lost else job.status}[/]",
             job.phase,
             f"{job.done}/{job.total}" if job.total else "",
             job.dataset_id,

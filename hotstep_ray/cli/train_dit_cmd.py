@@ -9,13 +9,20 @@ process. Inside `ray job submit` the default is Ray.
 against the tensor cache) and baking the winner into `<run>-calibrated/` (`--calibrate-scales`,
 `--calibrate-seeds`, `--calibrate-duration` tune it); `--holdout-fraction 0.2` keeps songs out of
 training and prints their loss per epoch.
+
+Resuming. Checkpoints are written at epoch ends (`--checkpoint-every-s`,
+`--checkpoint-every-epochs`). `--resume RUN` continues a run folder from its newest checkpoint
+(its own or Ray's), `--resume latest` the latest run of this dataset/artist, `--resume KEY` a
+checkpoint folder. A plain rerun never continues on its own (the options may have changed on
+purpose): when the latest run was interrupted it says so, and starts a new run.
+Under `--ray` rank 0's events are followed from storage, so the epoch lines print here too.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -23,15 +30,22 @@ from hotstep_ray.cli.common import (
     RunByDefault,
     calibration_overrides,
     console,
+    err_console,
+    fail,
     handle_errors,
     print_eval,
     print_json,
 )
+from hotstep_ray.core import layout
 from hotstep_ray.core.compile_cache import use_compile_cache
 from hotstep_ray.core.contracts import TrainDitOptions
-from hotstep_ray.core.events import LogEvent, MetricEvent
+from hotstep_ray.core.errors import HotstepError
+from hotstep_ray.core.events import FollowJsonl, LogEvent, MetricEvent
 from hotstep_ray.core.jobs import Job
 from hotstep_ray.core.storage import Storage
+
+if TYPE_CHECKING:
+    from hotstep_ray.training.dit_setup import DitSettings
 
 app = typer.Typer(
     help="Train DiT (LoRA/LoKR) adapters from a preprocessed tensor cache "
@@ -48,6 +62,10 @@ def _group() -> None:
 
 # Options handled by name below rather than generated from the contract.
 _EXPLICIT = {"variant_key"}
+RAY_WORKERS = 1  # --workers when not given
+RAY_MAX_FAILURES = 2  # --max-failures when not given
+# Seconds between reads of Ray rank 0's event file (on S3 each read fetches the whole object)
+FOLLOW_EVERY_S = 1.0
 
 
 def _console_sink(event) -> None:
@@ -80,11 +98,12 @@ def _contract_parameters() -> list[inspect.Parameter]:
         shown = ",".join(default) if isinstance(default, list) else default
         if default is None and hasattr(TrainDitOptions, f"effective_{name}"):
             shown = "by adapter (" + _by_adapter(f"effective_{name}") + ")"
+        help_text = (f"{field.description} " if field.description else "") + f"Default: {shown}."
         if field.annotation is bool:
-            option = typer.Option(None, f"{flag}/--no-{flag[2:]}", help=f"Default: {shown}.")
+            option = typer.Option(None, f"{flag}/--no-{flag[2:]}", help=help_text)
             annotation: Any = bool | None
         else:
-            option = typer.Option(None, flag, help=f"Default: {shown}.")
+            option = typer.Option(None, flag, help=help_text)
             annotation = str | None
         params.append(
             inspect.Parameter(
@@ -134,10 +153,13 @@ def _run(
     ),
     resume: str | None = typer.Option(
         None,
-        help="Checkpoint folder key to continue from (printed when a run pauses: <run>/checkpoint, "
-        "or ray_results/.../checkpoint_N for a Ray run).",
+        help="Continue a run: its folder (key or path: from its newest checkpoint, in that "
+        "folder), `latest` (the latest run of this dataset/artist), or a checkpoint folder key "
+        "(<run>/checkpoint, ray_results/train-dit-<run>/checkpoint_<step>).",
     ),
-    run_key: str | None = typer.Option(None, help="Run folder key (with --resume)."),
+    run_key: str | None = typer.Option(
+        None, help="Run folder key (default: a new one; with --resume RUN, that run's)."
+    ),
     max_steps: int | None = typer.Option(
         None, help="Pause after N optimizer steps (resumed ones count), keeping a checkpoint."
     ),
@@ -145,8 +167,12 @@ def _run(
         None, "--ray/--no-ray", help="Train on Ray Train (default: when a cluster address is set)."
     ),
     ray_address: str = typer.Option("", help="Ray cluster to join (default $RAY_ADDRESS)."),
-    workers: int = typer.Option(1, help="Ray workers (one GPU each); >1 = data parallel."),
-    max_failures: int = typer.Option(2, help="Ray: worker failures to recover from."),
+    workers: int | None = typer.Option(
+        None, help=f"Ray workers (one GPU each); >1 = data parallel. Default: {RAY_WORKERS}."
+    ),
+    max_failures: int | None = typer.Option(
+        None, help=f"Ray: worker failures to recover from. Default: {RAY_MAX_FAILURES}."
+    ),
     calibrate_scales: str = typer.Option("", help="Calibration scales (default 0.5,0.75,1,1.25)."),
     calibrate_seeds: int = typer.Option(0, help="Calibration renders per grid point (0 = 4)."),
     calibrate_duration: float = typer.Option(0.0, help="Seconds per calibration render (0 = 10)."),
@@ -154,8 +180,12 @@ def _run(
     **contract: Any,
 ) -> None:
     """Train a DiT adapter: setup -> train -> export to adapters/dit-<base>/<artist>/<run>/."""
+    if use_ray is None:
+        use_ray = bool(ray_address or os.environ.get("RAY_ADDRESS"))
+    _check_ray_only(use_ray, ray_address=ray_address, workers=workers, max_failures=max_failures)
     from hotstep_ray.calibration import after_train
-    from hotstep_ray.training import dit, dit_data
+    from hotstep_ray.studio.records import Heartbeat
+    from hotstep_ray.training import dit, dit_data, dit_setup
 
     storage = Storage(data)
     use_compile_cache(storage)  # compiled blocks reused by later runs and Ray workers
@@ -177,10 +207,22 @@ def _run(
         resume=resume,
         run_key=run_key,
     )
+    if settings.resume:
+        parent = dit_setup.runs_parent(options, storage, settings, slug)
+        resumed = dit_setup.resolve_resume(storage, settings, parent)
+        if resumed is not None and _job_alive(storage, resumed.job_id):
+            raise fail(
+                f"--resume {resume}: {storage.url_of(resumed.run_key)} is still being trained by "
+                f"job {resumed.job_id} (`hotstep-ray jobs list`): wait for it, or stop it first"
+            )
+    elif not settings.run_key:
+        _offer_to_continue(storage, options, settings, slug, as_json)
     dit.check_run_folder(options, storage, settings)
-    if use_ray is None:
-        use_ray = bool(ray_address or os.environ.get("RAY_ADDRESS"))
-    with Job(storage, "train-dit", dataset_id=slug, sinks=(_console_sink,)) as job:
+    with (
+        Job(storage, "train-dit", dataset_id=slug, sinks=(_console_sink,)) as job,
+        Heartbeat(storage, job.id),  # `jobs list` tells a killed run from a running one
+    ):
+        settings.job_id = job.id
         job.phase("loading-models")
         if use_ray:
             from hotstep_ray.distributed.runtime import ensure_ray
@@ -188,19 +230,23 @@ def _run(
             ensure_ray(ray_address or None)
             job.phase("train")
             settings.vram_budget_gb = None  # on Ray the request places the job; fit to free memory
-            result = after_train.train_dit_on_ray_then_calibrate(
-                options,
-                storage,
-                slug,
-                settings,
-                num_workers=workers,
-                vram_gb=vram_gb,
-                max_failures=max_failures,
-                job_id=job.id,
-                events=job.events,
-                calibration=calibration,
-                max_steps=max_steps,
-            )
+            # rank 0 appends its events here; followed into this job's log and the console
+            settings.events_key = layout.job_side_events(job.id, "train_events")
+            follow = FollowJsonl(storage, settings.events_key, job.events.emit, FOLLOW_EVERY_S)
+            with follow:
+                result = after_train.train_dit_on_ray_then_calibrate(
+                    options,
+                    storage,
+                    slug,
+                    settings,
+                    num_workers=RAY_WORKERS if workers is None else workers,
+                    vram_gb=vram_gb,
+                    max_failures=RAY_MAX_FAILURES if max_failures is None else max_failures,
+                    job_id=job.id,
+                    events=job.events,
+                    calibration=calibration,
+                    max_steps=max_steps,
+                )
             summary = {
                 "run": storage.url_of(result.run_key),
                 "run_key": result.run_key,
@@ -248,11 +294,7 @@ def _run(
         f"best ma5 {summary['best_ma5']}, saved ({summary['saved_reason']})"
     )
     if summary["stop_reason"] == "max_steps" and summary["checkpoint"]:
-        console.print(
-            f"paused: continue with --resume {summary['checkpoint']} "
-            f"--run-key {summary['run_key']}",
-            soft_wrap=True,
-        )
+        console.print(f"paused: continue with --resume {summary['run_key']}", soft_wrap=True)
     if calibrated is not None:
         winner = calibrated["winner"]
         if winner is None:
@@ -263,6 +305,58 @@ def _run(
                 f"x{winner['scale']:g}, score {winner['score']:.4f})",
                 soft_wrap=True,
             )
+
+
+def _check_ray_only(
+    use_ray: bool, *, ray_address: str, workers: int | None, max_failures: int | None
+) -> None:
+    """Refuse Ray's own options on a run in this process, where they would do nothing."""
+    if use_ray:
+        return
+    given = {"--ray-address": ray_address or None, "--workers": workers}
+    given["--max-failures"] = max_failures
+    flags = [flag for flag, value in given.items() if value is not None]
+    if flags:
+        raise fail(
+            f"{', '.join(flags)} only apply with --ray (Ray Train); this run trains in this "
+            "process: add --ray, or leave them out"
+        )
+
+
+def _job_alive(storage: Storage, job_id: str) -> bool:
+    """Whether the job that trains a run still runs (its record through its heartbeat)."""
+    from hotstep_ray.studio.records import read_summary
+
+    if not job_id:
+        return False
+    try:
+        return read_summary(storage, job_id).status in ("queued", "running")
+    except (HotstepError, ValueError):
+        return False
+
+
+def _offer_to_continue(
+    storage: Storage, options: TrainDitOptions, settings: DitSettings, slug: str, as_json: bool
+) -> None:
+    """One line when the latest run of this dataset/artist can be continued: a plain rerun
+    starts a new run, since the options may have changed on purpose."""
+    from hotstep_ray.training import dit_setup
+
+    try:
+        parent = dit_setup.runs_parent(options, storage, settings, slug)
+    except (HotstepError, ValueError, OSError):  # no DiT to name it by: the job reports it
+        return
+    run = dit_setup.latest_unfinished(storage, parent)
+    if run is None or _job_alive(storage, run.job_id):
+        return
+    article = "an" if run.state == "interrupted" else "a"
+    out = err_console if as_json else console  # --json: stdout carries the JSON only
+    out.print(
+        f"[yellow]{article} {run.state} run {run.run_key} stopped at {run.stopped_at()}: "
+        f"continue it with --resume {run.run_key} (or --resume latest); training a new run[/]",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _with_contract_options(func):

@@ -398,6 +398,18 @@ class TrainDitOptions(Options):
     stages: list[TrainDitStage] = Field(default_factory=lambda: ["train", "export"])
     overwrite: bool = False  # train from scratch into an existing run folder (`run_key`)
     init_adapter: str = "latest"
+    # Resumable checkpoints (what a killed run continues from) are written at epoch ends: after
+    # the first epoch, then whenever `checkpoint_every_s` seconds (wall clock) have passed since
+    # the last one (0 = every epoch), and every `checkpoint_every_epochs` epochs (0 = off).
+    checkpoint_every_s: float = Field(
+        default=300.0,
+        ge=0,
+        le=86400,
+        description="Seconds between resumable checkpoints, at epoch ends (0 = every epoch).",
+    )
+    checkpoint_every_epochs: int = Field(
+        default=0, ge=0, le=2000, description="Also a checkpoint every N epochs (0 = off)."
+    )
     calibrate: bool = False
     calibrate_repoint: bool = True
     holdout_fraction: float = Field(default=0.0, ge=0, lt=1)  # as TrainLmOptions; 0 = off

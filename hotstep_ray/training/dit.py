@@ -22,7 +22,9 @@ save    PEFT folder (LoRA) or LyCORIS `lokr_weights.safetensors` (LoKR), BF16, o
         `dit_train_log.json`; exported when the 5-epoch average improves (at most once per
         `export_interval_s`, the last best always) or the target is hit (`dit_export`).
         Resumable checkpoints (`dit_state`: `TrainState`, fit adoption) go to `<run>/checkpoint/`
-        (or through `ray.train.report`), milestones to `<run>/milestones/`.
+        (or through `ray.train.report`) at epoch ends: after the first, then every
+        `checkpoint_every_s` / `checkpoint_every_epochs` (the options'); milestones go to
+        `<run>/milestones/`.
 
 The data is `dit_data`'s, the loss `dit_loss`'s, activation checkpointing `compiling`'s; those
 modules take explicit arguments and none imports this one. Attention: the DiT's SDPA with the
@@ -473,10 +475,14 @@ def end_epoch(run: DitRun) -> None:
             save(run, chosen)
     if decision.stop:
         state.stop_reason = decision.reason or "epochs"
-    state.next_epoch()
+    every_epochs = options.checkpoint_every_epochs
     due = (
-        _steps_due(run) or time.time() - state.last_checkpoint >= run.settings.checkpoint_interval_s
+        _steps_due(run)
+        or bool(every_epochs and state.epoch % every_epochs == 0)
+        or time.time() - state.last_checkpoint
+        >= dit_setup.checkpoint_interval_s(options, run.settings)
     )
+    state.next_epoch()
     if dit_state.any_rank(bool(state.stop_reason) or due, world_size, run.device):
         save_state(run)
     if run.is_main:
@@ -557,9 +563,10 @@ def write_checkpoint(run: DitRun, storage: Storage, key: str) -> str:
     )
 
 
-def restore(run: DitRun, storage: Storage, key: str) -> None:
+def restore(run: DitRun, storage: Storage, key: str, shown: str = "") -> None:
     """Continue from the checkpoint at `key`: adapter, optimizer, loop state, stop rule and
-    milestones, with the checkpoint's crop/batch/checkpointing."""
+    milestones, with the checkpoint's crop/batch/checkpointing. `shown`: the checkpoint as the
+    log line names it (default: its URL)."""
     restored = dit_state.read_checkpoint(
         storage, key, model=run.transformer, optimizer=run.optimizer, fingerprint=run.fingerprint
     )
@@ -568,7 +575,8 @@ def restore(run: DitRun, storage: Storage, key: str) -> None:
     run.stop.load_state_dict(restored.stop)
     run.milestones.load_state_dict(restored.milestones)
     state = run.state
-    _log(run, f"resumed from {storage.url_of(key)} at step {state.step} (epoch {state.epoch})")
+    shown = shown or storage.url_of(key)
+    _log(run, f"resumed from {shown} at step {state.step} (epoch {state.epoch})")
 
 
 def _adopt_fit(run: DitRun, saved: dict[str, Any]) -> None:

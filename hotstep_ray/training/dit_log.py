@@ -1,19 +1,24 @@
 """The DiT run's record: its resolved config (also in every checkpoint), runtime facts, and
-`dit_train_log.json` (rewritten every epoch; `final` adds the ΔW report)."""
+`dit_train_log.json` (rewritten every epoch; `final` adds the ΔW report), and `read_progress`,
+how far a run got by its log.
+
+Importing this module loads no torch (the trainer's modules are imported where they are used):
+`adapters list` reads run logs with it and stays quick.
+"""
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from hotstep_ray import __version__
-from hotstep_ray.training import dit_vram, export, kron_kernels
+from hotstep_ray.core.errors import HotstepError
 
 if TYPE_CHECKING:
+    from hotstep_ray.core.storage import Storage
     from hotstep_ray.training.dit import DitRun
 
 FORMAT = "hotstep-ray-dit-train-v1"
@@ -53,6 +58,10 @@ def resolved_config(run: DitRun) -> dict[str, Any]:
 
 
 def runtime_info(run: DitRun) -> dict[str, Any]:
+    import torch
+
+    from hotstep_ray.training import kron_kernels
+
     info: dict[str, Any] = {
         "backend": run.device.type,
         "dtype": str(run.models.dtype).removeprefix("torch."),
@@ -73,6 +82,10 @@ def runtime_info(run: DitRun) -> dict[str, Any]:
 
 def write_log(run: DitRun, final: bool = False) -> dict[str, Any]:
     """`dit_train_log.json` in the run folder, rewritten every epoch."""
+    import torch
+
+    from hotstep_ray.training import dit_vram, export
+
     state = run.state
     vram = run.fit.to_dict()
     if run.device.type == "cuda":
@@ -88,6 +101,7 @@ def write_log(run: DitRun, final: bool = False) -> dict[str, Any]:
         "created_at": datetime.fromtimestamp(run.started, UTC).isoformat(),
         "updated_at": datetime.now(UTC).isoformat(),
         "final": final,
+        "job": run.settings.job_id,  # the job that trains the run: is it still alive?
         "config": resolved_config(run),
         "runtime": runtime_info(run),
         "vram": vram,
@@ -133,3 +147,44 @@ def write_log(run: DitRun, final: bool = False) -> dict[str, Any]:
                 )
     run.storage.write_json(f"{run.run_key}/{LOG_FILE}", log)
     return log
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    """How far a DiT run got, by its `dit_train_log.json`."""
+
+    run_key: str
+    final: bool  # `finish` wrote the log: the run ended (or paused) on its own
+    stop_reason: str
+    epochs_run: int  # epochs the log records
+    steps: int
+    job_id: str  # the job that trained it ("" = not recorded)
+
+    @property
+    def state(self) -> str:
+        """finished | paused (`max_steps`: a checkpoint to continue from) | unfinished (still
+        training, or killed: only its job's liveness tells which)."""
+        if not self.final:
+            return "unfinished"
+        return "paused" if self.stop_reason == "max_steps" else "finished"
+
+
+def read_progress(storage: Storage, run_key: str) -> RunProgress | None:
+    """The run's progress from its log; None when the folder holds no (readable) log."""
+    key = f"{run_key}/{LOG_FILE}"
+    try:
+        if not storage.exists(key):
+            return None
+        log = storage.read_json(key)
+    except (HotstepError, ValueError, OSError):
+        return None
+    if not isinstance(log, dict):
+        return None
+    return RunProgress(
+        run_key=run_key,
+        final=bool(log.get("final")),
+        stop_reason=str(log.get("stop_reason") or ""),
+        epochs_run=int(log.get("epochs_run") or 0),
+        steps=int(log.get("steps") or 0),
+        job_id=str(log.get("job") or ""),
+    )

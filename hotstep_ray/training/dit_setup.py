@@ -1,7 +1,12 @@
 """What the DiT recipe's `setup` resolves before it builds a run: the settings beyond the
 contract, the device and its memory budget, the fit, the adapter spec and its seeded injection,
 the blocks' compile mode, the run folder and a warm start, the trigger, the optimizer and the LR
-schedule, and the opening log."""
+schedule, and the opening log.
+
+Also what an entry point resolves before that: `resolve_resume` (`--resume` as a checkpoint, a
+run folder or "latest") and `latest_unfinished` (an interrupted or paused run the user may want
+to continue), both by the run's log (`dit_log.read_progress`) and its newest checkpoint
+(`dit_state.newest_checkpoint`)."""
 
 from __future__ import annotations
 
@@ -12,10 +17,10 @@ import torch
 
 from hotstep_ray.core import layout
 from hotstep_ray.core.contracts import TrainDitOptions, schedule_steps
-from hotstep_ray.core.errors import InputError
+from hotstep_ray.core.errors import HotstepError, InputError
 from hotstep_ray.core.events import EventLog, MetricEvent
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.training import adapters, dit_data, dit_vram, export
+from hotstep_ray.training import adapters, dit_data, dit_log, dit_state, dit_vram, export
 from hotstep_ray.training.adapters import AdapterSpec
 from hotstep_ray.training.engine import graph_mode
 from hotstep_ray.training.optim import HybridOptimizer, build_optimizer
@@ -38,7 +43,9 @@ class DitSettings:
     zero_groups: tuple[str, ...] = ()  # projection groups exported as zeros (e.g. "q", "k")
     milestone_every_epochs: int = 0  # also a milestone every N epochs (0 = off)
     export_interval_s: float = 60.0  # at most one best-export per interval (the last one always)
-    checkpoint_interval_s: float = 300.0  # epoch-end checkpoints at most this often
+    # Seconds between epoch-end checkpoints; None = the user's `options.checkpoint_every_s`. For
+    # callers with a policy of their own (the main job's recipe, tests).
+    checkpoint_interval_s: float | None = None
     checkpoint_every_steps: int = 0  # also checkpoint every N optimizer steps (0 = off)
     step_event_interval_s: float = 1.0  # rate limit of per-step metric events
     vram_budget_gb: float | None = None  # None: CUDA free memory - reserve; CPU unlimited
@@ -49,6 +56,9 @@ class DitSettings:
     fold_accum: str = "auto"  # FOLD_MODES
     run_key: str | None = None  # fixed run folder (the Ray driver picks it for every worker)
     resume: str | None = None  # storage key of a checkpoint folder to continue from
+    job_id: str = ""  # the job that trains the run, recorded in its log ("" = none)
+    # Storage key Ray's rank 0 appends its events to; None = the job's events.jsonl (`job_id`)
+    events_key: str | None = None
     rank: int = 0
     world_size: int = 1
     speed: SpeedOptions = field(default_factory=SpeedOptions)  # adapter forwards, flat gradients
@@ -194,12 +204,24 @@ def resolve_trigger(settings: DitSettings, cache: dit_data.TensorCache) -> tuple
     return trigger or None, settings.trigger_position or position
 
 
+def checkpoint_interval_s(options: TrainDitOptions, settings: DitSettings) -> float:
+    """Seconds between epoch-end checkpoints: the caller's `settings.checkpoint_interval_s`, else
+    the user's `options.checkpoint_every_s`."""
+    if settings.checkpoint_interval_s is not None:
+        return settings.checkpoint_interval_s
+    return options.checkpoint_every_s
+
+
+def artist_of(options: TrainDitOptions, settings: DitSettings, dataset: str) -> str:
+    return layout.check_name(settings.artist or options.adapter_name or dataset, "artist")
+
+
 def run_folder(
     options: TrainDitOptions, storage: Storage, settings: DitSettings, dataset: str, dit_name: str
 ) -> tuple[str, str, str]:
     """(adapter base, artist, run key): `adapters/dit-<shorthand>/<artist>/<run>/`, the run
     folder fixed by `settings.run_key` (one for every worker) or a new one."""
-    artist = layout.check_name(settings.artist or options.adapter_name or dataset, "artist")
+    artist = artist_of(options, settings, dataset)
     base = layout.dit_adapter_base(dit_name)
     if settings.run_key:
         return base, artist, settings.run_key
@@ -216,9 +238,142 @@ def check_run_folder(options: TrainDitOptions, storage: Storage, settings: DitSe
     key = settings.run_key
     if key and not settings.resume and not options.overwrite and storage.list(key):
         raise InputError(
-            f"{storage.url_of(key)} already holds a run: pass --resume with its checkpoint to "
-            "continue it, --overwrite to replace it, or no --run-key for a new folder"
+            f"{storage.url_of(key)} already holds a run: pass --resume {key} to continue it, "
+            "--overwrite to replace it, or no --run-key for a new folder"
         )
+
+
+def runs_parent(
+    options: TrainDitOptions, storage: Storage, settings: DitSettings, dataset: str
+) -> str:
+    """`adapters/dit-<shorthand>/<artist>`: where this request's runs go, before any model is
+    loaded (the DiT's name from the tensor cache's meta, as `setup` resolves it)."""
+    meta_key = f"{layout.tensor_dir(dataset, options.variant_key)}/{dit_data.META_FILE}"
+    meta = storage.read_json(meta_key) if storage.exists(meta_key) else {}
+    folder = dit_data.resolve_dit_folder(
+        meta, options.variant_key, settings.dit_folder, settings.checkpoints_dir
+    )
+    return f"{layout.dit_adapter_base(folder.name)}/{artist_of(options, settings, dataset)}"
+
+
+def latest_run(storage: Storage, parent: str) -> str | None:
+    """The name-last run folder under `parent` (stamps sort by time), whatever it holds: a run
+    killed before its first export has no weights yet. Calibration output is not a run."""
+    runs = [
+        key
+        for key in storage.list(parent)
+        if layout.is_run_stamp(name := key.rsplit("/", 1)[-1])
+        and not name.endswith("-calibrated")
+        and storage.is_dir(key)
+    ]
+    return max(runs, key=_stamp_order) if runs else None
+
+
+def _stamp_order(key: str) -> tuple[str, int, str]:
+    """Run folders by time: the stamp, then its collision suffix (`-2` ... `-99`, then a longer
+    base-36 one), shorter first, so `-10` comes after `-9`."""
+    name = key.rsplit("/", 1)[-1]
+    stamp, suffix = name[: len("YYYY-MM-DD_HH-MM-SS")], name[len("YYYY-MM-DD_HH-MM-SS") :]
+    return stamp, len(suffix), suffix
+
+
+@dataclass(frozen=True)
+class UnfinishedRun:
+    """A run that can be continued: killed (or still training), or paused by `max_steps`."""
+
+    run_key: str
+    state: str  # "interrupted" (no final log: killed, or still training) | "paused"
+    checkpoint: dit_state.SavedCheckpoint  # the newest one: what a resume continues from
+    epochs_logged: int  # epochs its log records (a kill loses those after the checkpoint)
+    job_id: str  # the job that trained it ("" = not recorded)
+
+    def stopped_at(self) -> str:
+        """`epoch N` (what the checkpoint holds), plus the epochs the log saw beyond it."""
+        saved = self.checkpoint
+        where = (
+            f"epoch {saved.epochs_done}"
+            if saved.window == 0
+            else f"step {saved.step} (in epoch {saved.epoch})"
+        )
+        lost = self.epochs_logged - saved.epochs_done
+        return where + (f" (its log reached epoch {self.epochs_logged})" if lost > 0 else "")
+
+
+def unfinished_run(storage: Storage, run_key: str) -> UnfinishedRun | None:
+    """The run in `run_key` when it can be continued; None when it finished or has no
+    checkpoint."""
+    progress = dit_log.read_progress(storage, run_key)
+    if progress is not None and progress.state == "finished":
+        return None
+    saved = dit_state.newest_checkpoint(storage, run_key)
+    if saved is None or saved.stop_reason not in ("", "max_steps"):
+        return None
+    return UnfinishedRun(
+        run_key=run_key,
+        state="paused" if progress is not None and progress.state == "paused" else "interrupted",
+        checkpoint=saved,
+        epochs_logged=progress.epochs_run if progress is not None else saved.epochs_done,
+        job_id=progress.job_id if progress is not None else "",
+    )
+
+
+def latest_unfinished(storage: Storage, parent: str) -> UnfinishedRun | None:
+    """The latest run under `parent` when it can be continued (an older one that can is not
+    offered: the latest run is the one the user last asked for)."""
+    run_key = latest_run(storage, parent)
+    return unfinished_run(storage, run_key) if run_key else None
+
+
+def resolve_resume(storage: Storage, settings: DitSettings, parent: str) -> UnfinishedRun | None:
+    """`settings.resume` as the user gave it, made a checkpoint key. A checkpoint folder stays
+    as it is (into `settings.run_key`, else a new folder); a run folder (key or URL) or "latest"
+    (the latest run under `parent`) continues in that folder from its newest checkpoint, which
+    is returned. Refused when the run finished or wrote no checkpoint."""
+    given = settings.resume
+    if not given:
+        return None
+    if given == "latest":
+        run_key = latest_run(storage, parent)
+        if run_key is None:
+            raise InputError(f"--resume latest: no run under {storage.url_of(parent)} yet")
+    else:
+        run_key = _as_key(storage, given)
+        if dit_state.saved_checkpoint(storage, run_key) is not None:
+            settings.resume = run_key  # a checkpoint folder itself
+            return None
+    run = unfinished_run(storage, run_key)
+    if run is None:
+        raise InputError(_not_resumable(storage, given, run_key))
+    settings.resume = run.checkpoint.key
+    settings.run_key = settings.run_key or run.run_key
+    return run
+
+
+def _as_key(storage: Storage, given: str) -> str:
+    """A storage key from a key or a URL/path under the root (as the CLI prints runs)."""
+    if "://" in given or given.startswith("/"):
+        try:
+            return storage.key_of(given)
+        except HotstepError as exc:
+            raise InputError(f"--resume {given}: {exc}") from exc
+    return given.strip("/")
+
+
+def _not_resumable(storage: Storage, given: str, run_key: str) -> str:
+    url = storage.url_of(run_key)
+    progress = dit_log.read_progress(storage, run_key)
+    if progress is not None and progress.state == "finished":
+        return (
+            f"--resume {given}: {url} finished ({progress.stop_reason or 'done'}): there is "
+            "nothing to continue; leave out --resume for a new run"
+        )
+    if progress is not None:
+        return (
+            f"--resume {given}: {url} stopped before its first checkpoint (one is written after "
+            "epoch 1, then as --checkpoint-every-s/--checkpoint-every-epochs say): start a new "
+            "run"
+        )
+    return f"--resume {given}: {url} holds no DiT run and no checkpoint"
 
 
 def init_adapter(

@@ -9,6 +9,10 @@ A checkpoint (`training.checkpoint`) holds the adapter, the optimizer and the RN
 average, the milestone tracker and the fit (crop, batch, checkpointed layers). A resume takes
 the checkpoint's fit, because the data streams and the LR schedule depend on it, as long as the
 memory model says it fits on this GPU (`adopted_fit`).
+
+Where a run's checkpoints lie: `<run>/checkpoint/` (in this process), or under Ray Train's run
+folder `ray_results/train-dit-<run name>/checkpoint_<step, 6 digits>/` (`--ray`);
+`newest_checkpoint` finds the newest of either.
 """
 
 from __future__ import annotations
@@ -23,13 +27,21 @@ import torch
 from hotstep_ray.core.contracts import LATENT_HZ
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
+from hotstep_ray.distributed.ray_results import RESULTS_DIR
 from hotstep_ray.training import dit_vram
 from hotstep_ray.training.adapters import AdapterSpec
-from hotstep_ray.training.checkpoint import load_checkpoint, save_checkpoint
+from hotstep_ray.training.checkpoint import (
+    MANIFEST,
+    CheckpointMismatchError,
+    load_checkpoint,
+    read_manifest,
+    save_checkpoint,
+)
 from hotstep_ray.training.schedule import MilestoneTracker, StopRule
 from hotstep_ray.training.speed import SpeedOptions
 
 CHECKPOINT_DIR = "checkpoint"
+RAY_RUN_PREFIX = "train-dit-"  # Ray Train's run name: the prefix, then the run folder's name
 FIT_KEYS = ("crop_frames", "batch", "ckpt_layers", "trained_layers")  # what a resume adopts
 
 
@@ -274,3 +286,65 @@ def adopted_fit(
         estimate=need,
         notes=(*fit.notes, "crop/batch/checkpointing taken from the checkpoint"),
     )
+
+
+# =============================================================================== where they lie
+
+
+def ray_run_name(run_key: str) -> str:
+    """Ray Train's name of the run in `run_key` (its folder under `ray_results/`): shared by
+    every worker and restart of the run, and by a later `--ray` resume into the same folder."""
+    return RAY_RUN_PREFIX + run_key.rsplit("/", 1)[-1]
+
+
+def ray_checkpoint_name(step: int) -> str:
+    """A Ray checkpoint's folder name: the optimizer steps it holds, so names sort by progress."""
+    return f"checkpoint_{step:06d}"
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    """A resumable checkpoint found in storage, from its manifest alone (no tensors read)."""
+
+    key: str
+    step: int  # optimizer steps done
+    epoch: int  # the epoch it continues in (1-based): epochs before it are done
+    window: int  # the next optimizer window of that epoch (0: it starts the epoch)
+    stop_reason: str  # the run's stop reason when it was written ("" = still training)
+
+    @property
+    def epochs_done(self) -> int:
+        return self.epoch - 1
+
+
+def saved_checkpoint(storage: Storage, key: str) -> SavedCheckpoint | None:
+    """The checkpoint at `key`, None when there is none (or it is not one of ours)."""
+    if not storage.exists(f"{key}/{MANIFEST}"):
+        return None
+    try:
+        manifest = read_manifest(storage, key)
+    except (CheckpointMismatchError, ValueError):
+        return None
+    extra = (manifest.get("tree") or {}).get("extra") or {}
+    state = extra.get("state") if isinstance(extra, dict) else None
+    state = state if isinstance(state, dict) else {}
+    return SavedCheckpoint(
+        key=key,
+        step=int(manifest.get("step") or 0),
+        epoch=int(manifest.get("epoch") or 1),
+        window=int(state.get("window") or 0),
+        stop_reason=str(state.get("stop_reason") or ""),
+    )
+
+
+def newest_checkpoint(storage: Storage, run_key: str) -> SavedCheckpoint | None:
+    """The newest (most steps) resumable checkpoint of the run in `run_key`: its own
+    `<run>/checkpoint/` or one of Ray Train's for it; None when the run wrote none."""
+    found = [saved_checkpoint(storage, f"{run_key}/{CHECKPOINT_DIR}")]
+    ray_run = f"{RESULTS_DIR}/{ray_run_name(run_key)}"
+    if storage.exists(ray_run):
+        for key in storage.list(ray_run):
+            if key.rsplit("/", 1)[-1].startswith("checkpoint_"):
+                found.append(saved_checkpoint(storage, key))
+    saved = [checkpoint for checkpoint in found if checkpoint is not None]
+    return max(saved, key=lambda checkpoint: checkpoint.step) if saved else None

@@ -1,8 +1,10 @@
 """DiT adapter training as a Ray Train job: the recipe of `dit.py` in each `TorchTrainer` worker.
 
 Placement. The driver predicts the least GPU memory the job can run in (`dit_vram`, with the
-user's fixed choices) and asks every worker for `{"GPU": 1, "VRAM_GB": n}`, so Ray only places it
-on a node that declared enough: start each GPU node with
+user's fixed choices) and asks every worker for `{"GPU": share, "VRAM_GB": n}`
+(`distributed.gpu_share`: a one-worker job takes the share of a card its memory needs, so it can
+train beside another; several workers take whole GPUs), so Ray only places it on a node that
+declared enough: start each GPU node with
 `ray start --num-gpus G --resources '{"VRAM_GB": <GB per GPU x G>}'` (keep one GPU size per node,
 the usual cloud case: a node mixing sizes pools them). A request no node can meet fails at once
 with the numbers instead of pending forever; a cluster that declares no `VRAM_GB` at all gets a
@@ -11,12 +13,14 @@ the memory really free (and refuses clearly if it is still too small).
 
 Workers. One process per GPU; gradients are averaged across workers after every optimizer window
 (one flat all-reduce: NCCL on GPUs, gloo on CPUs); rank 0 exports, logs and writes events into the
-job's `events.jsonl`; each rank takes its share of every epoch's micro-batches.
+job's `events.jsonl` (or `settings.events_key`: the CLI follows that file to print them); each rank
+takes its share of every epoch's micro-batches.
 
 Fault tolerance. Checkpoints (`training/checkpoint.py` files) go through `ray.train.report` into
-`<storage root>/ray_results/<run name>/` (local or s3://); with `FailureConfig(max_failures)` a
-killed worker's group is restarted and continues from the newest reported checkpoint, drawing the
-very same crops/timesteps/noise it would have (the data streams are seeded per step).
+`<storage root>/ray_results/train-dit-<run>/checkpoint_<step, 6 digits>/` (local or s3://); with
+`FailureConfig(max_failures)` a killed worker's group is restarted and continues from the newest
+reported checkpoint (rank 0 logs "resumed from ..."), drawing the very same crops/timesteps/noise
+it would have (the data streams are seeded per step).
 
 Calibration is composed above: `calibration.after_train.train_dit_on_ray_then_calibrate` runs
 this job, then evaluates the run's adapter and milestones x scales on Ray actors (one per worker)
@@ -42,11 +46,11 @@ from hotstep_ray.core.contracts import TrainDitOptions
 from hotstep_ray.core.errors import InputError, StorageError
 from hotstep_ray.core.events import EventLog, jsonl_sink
 from hotstep_ray.core.storage import Storage
+from hotstep_ray.distributed.gpu_share import VRAM_RESOURCE, gpu_worker_resources
 from hotstep_ray.distributed.ray_results import checkpoint_folder, results_location
 from hotstep_ray.distributed.runtime import die_after_checkpoint
-from hotstep_ray.training import adapters, dit, dit_data, dit_vram
+from hotstep_ray.training import adapters, dit, dit_data, dit_state, dit_vram
 
-VRAM_RESOURCE = "VRAM_GB"
 WORKERS_DIR = "workers"
 
 
@@ -155,16 +159,18 @@ def train_dit_on_ray(
     declared = check_placement(ray, vram_gb)
     if use_gpu is None:
         use_gpu = bool(ray.cluster_resources().get("GPU", 0))
-    resources: dict[str, float] = {} if use_gpu else {"CPU": 1}
-    if declared:
-        resources[VRAM_RESOURCE] = vram_gb
+    if use_gpu:  # a share of one card for a one-worker job (`distributed.gpu_share`)
+        resources = gpu_worker_resources(vram_gb, num_workers, ray.nodes()) if declared else {}
+    else:
+        resources = {"CPU": 1, VRAM_RESOURCE: vram_gb} if declared else {"CPU": 1}
     # One run folder for every worker and every restart.
     artist = layout.check_name(settings.artist or options.adapter_name or dataset, "artist")
     run_key = settings.run_key or layout.new_run_dir(
         storage, layout.dit_adapter_base(folder.name), artist
     )
-    run_name = "train-dit-" + run_key.rsplit("/", 1)[-1]
+    run_name = dit_state.ray_run_name(run_key)
     worker_settings = {**asdict(settings), "run_key": run_key, "dit_folder": str(folder)}
+    worker_settings["job_id"] = settings.job_id or job_id or ""  # recorded in the run's log
     worker_settings["zero_groups"] = list(settings.zero_groups)
     trainer = TorchTrainer(
         _worker,
@@ -241,7 +247,12 @@ def _report_hook(fail_at_step: int | None):
         if run.is_main:
             with tempfile.TemporaryDirectory() as folder:
                 dit.write_checkpoint(run, Storage(folder), "")
-                ray.train.report(metrics, checkpoint=Checkpoint.from_directory(folder))
+                ray.train.report(
+                    metrics,
+                    checkpoint=Checkpoint.from_directory(folder),
+                    # named by progress, not Ray's timestamp: `checkpoint_000042` = 42 steps
+                    checkpoint_dir_name=dit_state.ray_checkpoint_name(run.state.step),
+                )
         else:
             ray.train.report(metrics)
         if run.is_main:
@@ -265,17 +276,24 @@ def _worker(config: dict[str, Any]) -> None:
     values["zero_groups"] = tuple(values["zero_groups"])
     checkpoint = ray.train.get_checkpoint()
     first_attempt = checkpoint is None
+    asked = values["resume"]  # the checkpoint the job was asked to begin from (None: none)
     if not first_attempt:  # a restart: Ray's checkpoint is newer than the one the job began from
         values["resume"] = None
     settings = dit.DitSettings(**values)
     events = None
-    if rank == 0 and config.get("job_id"):
-        events = EventLog(jsonl_sink(storage, layout.job_events(config["job_id"])))
+    events_key = settings.events_key or (
+        layout.job_events(config["job_id"]) if config.get("job_id") else ""
+    )
+    if rank == 0 and events_key:
+        events = EventLog(jsonl_sink(storage, events_key))
     options = TrainDitOptions.model_validate(config["options"])
     run = dit.setup(options, storage, config["dataset"], settings, events)
     if checkpoint is not None:
+        shown = _checkpoint_key(storage, checkpoint) or checkpoint.path
+        if shown != asked:  # not the one asked for: Ray restarted the workers after a failure
+            shown = f"Ray's checkpoint {shown} (the workers were restarted)"
         with checkpoint_folder(checkpoint) as folder:
-            dit.restore(run, Storage(folder), "")
+            dit.restore(run, Storage(folder), "", shown=shown)
     run.checkpoint_hook = _report_hook(config.get("fail_at_step") if first_attempt else None)
     result = dit.train(run, max_steps=config.get("max_steps"))
     storage.write_json(

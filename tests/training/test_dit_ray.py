@@ -16,14 +16,18 @@ import pytest
 from test_dit_support import (
     SLUG,
     fast_options,
+    read_log,
     single_thread_fixture,  # noqa: F401  (fixtures)
     tiny_dit_dir_fixture,  # noqa: F401
     write_cache,
 )
+from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "cluster"))  # the S3 server fixture
 from cluster_support import ACCESS_KEY, SECRET_KEY, s3_server  # noqa: E402, F401  (fixture)
 
+from hotstep_ray.cli.train_dit_cmd import app  # noqa: E402
+from hotstep_ray.core.contracts import TrainDitOptions  # noqa: E402
 from hotstep_ray.core.errors import InputError  # noqa: E402
 from hotstep_ray.core.storage import Storage  # noqa: E402
 from hotstep_ray.distributed.ray_results import results_location  # noqa: E402
@@ -75,29 +79,53 @@ def _workers(storage: Storage, run_key: str) -> list[dict]:
     return [json.loads(storage.read_text(key)) for key in files]
 
 
+def _cli_flags(options: TrainDitOptions) -> list[str]:
+    """`train-dit` flags for every field of `options` that differs from the contract's default."""
+    flags = []
+    for name, value in options.model_dump().items():
+        field = TrainDitOptions.model_fields[name]
+        if name == "variant_key" or value == field.get_default(call_default_factory=True):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else f"--no-{flag[2:]}")
+        else:
+            flags += [flag, ",".join(value) if isinstance(value, list) else str(value)]
+    return flags
+
+
 def test_a_paused_ray_run_continues_from_its_checkpoint_as_if_uninterrupted(
     cluster, storage, tiny_dit_dir, single_thread
 ) -> None:
-    """`max_steps` pauses a Ray run mid-epoch with a checkpoint under the root; a second Ray job
-    given that key (`resume`) and the run folder ends where one uninterrupted run ends."""
+    """`train-dit --ray --max-steps` pauses a Ray run mid-epoch with a checkpoint under the root,
+    printing rank 0's epoch lines as they come; `--resume RUN` continues the run folder from that
+    checkpoint (named by its step) and ends where one uninterrupted run ends."""
     options = fast_options(epochs=2, batch=1, grad_accum=1)  # 3 songs: 3 steps an epoch
-    paused = train_dit_on_ray(
-        options, storage, SLUG, settings(tiny_dit_dir), max_steps=4, max_failures=0
-    )
-    assert paused.log["stop_reason"] == "max_steps" and paused.log["steps"] == 4
-    assert paused.checkpoint_key.startswith("ray_results/")
-    assert storage.exists(f"{paused.checkpoint_key}/checkpoint.json")
-    resume = settings(tiny_dit_dir)
-    resume.resume, resume.run_key = paused.checkpoint_key, paused.run_key
-    resumed = train_dit_on_ray(options, storage, SLUG, resume, max_failures=0)
-    assert resumed.run_key == paused.run_key
-    assert resumed.log["resumes"] == [{"step": 4, "epoch": 2}]
-    assert resumed.log["stop_reason"] == "epochs" and resumed.log["steps"] == 6
+    args = [SLUG, "--data", storage.url, "--checkpoints", str(tiny_dit_dir), "--ray"]
+    args += ["--max-failures", "0", "--checkpoint-every-s", "0", *_cli_flags(options)]
+    paused = CliRunner().invoke(app, [*args, "--max-steps", "4"])
+    assert paused.exit_code == 0, paused.output
+    assert any(line.startswith("  epoch 1/2  loss") for line in paused.output.splitlines())
+    line = next(x for x in paused.output.splitlines() if x.startswith("paused: continue with"))
+    run_key = line.split("--resume ", 1)[1].strip()
+    assert read_log(storage, run_key)["stop_reason"] == "max_steps"
+    ray_run = f"ray_results/train-dit-{run_key.rsplit('/', 1)[-1]}"
+    found = [k for k in storage.list(ray_run) if storage.exists(f"{k}/checkpoint.json")]
+    named = sorted(key.rsplit("/", 1)[-1] for key in found)
+    assert named == ["checkpoint_000003", "checkpoint_000004"]  # epoch 1's end, the pause
+    resumed = CliRunner().invoke(app, [*args, "--resume", run_key, "--json"])
+    assert resumed.exit_code == 0, resumed.output
+    said = " ".join(resumed.output.split())  # rank 0's line, printed by the driver
+    assert "resumed from " in said and "/checkpoint_000004 at step 4 (epoch 2)" in said
+    summary = json.loads(resumed.output[resumed.output.index("{\n") :])
+    assert summary["run_key"] == run_key and summary["stop_reason"] == "epochs"
+    log = read_log(storage, run_key)
+    assert log["resumes"] == [{"step": 4, "epoch": 2}] and log["steps"] == 6
     # the same run in this process, never paused (Ray's CPU workers run one thread, as here)
     full = dit.train(dit.setup(options, storage, SLUG, settings(tiny_dit_dir)))
     # the same kernels on this host and exact float32 checkpoint state: equal up to slack for a
     # worker whose allocations align differently (MKL may then round otherwise); rel 1e-6 ~ 8 ulp
-    assert [e["loss"] for e in resumed.log["epochs"]] == pytest.approx(
+    assert [e["loss"] for e in log["epochs"]] == pytest.approx(
         [e["loss"] for e in full.log["epochs"]], rel=1e-6
     )
 
@@ -138,6 +166,7 @@ def test_a_killed_worker_resumes_from_the_last_checkpoint_on_s3(
         vram_gb=8,
         max_failures=1,
         fail_at_step=4,  # rank 0 dies once the step-4 (end of epoch 2) checkpoint is registered
+        job_id="killed-worker",  # rank 0's events
     )
     workers = sorted(_workers(storage, result.run_key), key=lambda w: w["rank"])
     assert [w["rank"] for w in workers] == [0, 1]
@@ -154,4 +183,7 @@ def test_a_killed_worker_resumes_from_the_last_checkpoint_on_s3(
     assert result.checkpoint_path and result.checkpoint_path.startswith(path + "/")
     run_dir = s3_server.on_disk(storage.url_of(f"ray_results/{result.run_name}"))
     reported = sorted(p.parent.name for p in run_dir.glob("checkpoint_*/checkpoint.json"))
-    assert len(reported) >= 2, reported  # before and after the kill
+    # named by step: each epoch's end (2 steps an epoch), before and after the kill
+    assert reported == ["checkpoint_000002", "checkpoint_000004", "checkpoint_000006"], reported
+    events = " ".join(storage.read_text("jobs/killed-worker/events.jsonl").split())
+    assert "checkpoint_000004 (the workers were restarted) at step 4 (epoch 3)" in events

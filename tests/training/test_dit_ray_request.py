@@ -73,3 +73,15 @@ def test_scaling_config_asks_for_the_predicted_vram(tmp_path, full_size_folders,
     assert seen["run_config"].failure_config.max_failures == 2
     ray_dit.train_dit_on_ray(options, storage, "band", settings, use_gpu=False, vram_gb=40)
     assert seen["scaling_config"].resources_per_worker[ray_dit.VRAM_RESOURCE] == 40
+    # On GPUs a one-worker job asks for the share of the card its memory takes (one 150 GB card
+    # here), so an LM run can train beside it; two workers take whole cards.
+    import ray
+
+    card = {"Alive": True, "Resources": {"GPU": 1.0, ray_dit.VRAM_RESOURCE: 150.0}}
+    monkeypatch.setattr(ray, "nodes", lambda: [card])
+    ray_dit.train_dit_on_ray(options, storage, "band", settings, use_gpu=True, vram_gb=30)
+    assert seen["scaling_config"].resources_per_worker == {"GPU": 0.2, ray_dit.VRAM_RESOURCE: 30}
+    ray_dit.train_dit_on_ray(
+        options, storage, "band", settings, use_gpu=True, vram_gb=30, num_workers=2
+    )
+    assert seen["scaling_config"].resources_per_worker["GPU"] == 1.0
