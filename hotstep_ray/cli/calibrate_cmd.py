@@ -18,7 +18,7 @@ from hotstep_ray.audition.schemas import LmSampling
 from hotstep_ray.calibration import grid
 from hotstep_ray.calibration.ray_calibrate import make_runner
 from hotstep_ray.calibration.runs import resolve_run_key, run_kind
-from hotstep_ray.cli.common import console, handle_errors, print_json
+from hotstep_ray.cli.common import EXIT_FAILURE, console, handle_errors, print_json
 from hotstep_ray.core.contracts import LM_CALIBRATION_MAX_BATCH_DEFAULT
 from hotstep_ray.core.events import LogEvent, MetricEvent
 from hotstep_ray.core.jobs import Job
@@ -142,14 +142,18 @@ def run(
             )  # fmt: skip
     if as_json:
         print_json(outcome.document)
-        return
-    if outcome.winner is None:
+    elif outcome.winner is None:
         console.print(
             f"[yellow]no candidate passed the guards[/]; report: "
             f"{storage.url_of(outcome.folder.eval_key)}",
             soft_wrap=True,
         )
-        raise typer.Exit(1)
+    if outcome.winner is None:
+        # Not EXIT_PARTIAL: a grid point that fails raises, so nothing here fails one by one;
+        # the run finished and there is nothing to bake. The same code with --json or without.
+        raise typer.Exit(EXIT_FAILURE)
+    if as_json:
+        return
     winner = outcome.winner
     console.print(
         f"[green]calibrated:[/] {storage.url_of(outcome.folder.weights_key)}  "

@@ -26,9 +26,14 @@ console = Console()
 err_console = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Exit codes: 0 ok, 1 runtime failure, 2 bad input/usage (as the seed's ace-train does).
+# Exit codes (README.md "Exit codes"): 0 all done; 1 a runtime failure, or a command that ran
+# but produced nothing usable (`doctor` found a problem, no calibration candidate passed);
+# 2 bad input/usage (as the seed's ace-train does); 3 a stage that processes many samples
+# finished, wrote the ones that worked, and some failed (each reported before its final line).
+# A script can then tell "fix the input and rerun" (2) from "rerun for the failed few" (3).
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+EXIT_PARTIAL = 3
 
 
 class RunByDefault(typer.core.TyperGroup):
@@ -58,6 +63,24 @@ def fail_lines(messages: list[str], code: int = EXIT_USAGE) -> typer.Exit:
     for message in messages[:-1]:
         err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     return fail(messages[-1] if messages else "invalid input", code)
+
+
+def finish_stage(done: str, failed: int, *, as_json: bool = False) -> None:
+    """The last line of a command that processes many samples, and its exit code:
+    `finished: 8 labeled, 2 failed — see above` then exit EXIT_PARTIAL when any sample failed,
+    else `finished: 8 labeled` and a normal return (exit 0). `done` says what was done
+    ("8 labeled"). With --json the line goes to stderr, so stdout stays the JSON alone."""
+    printer = err_console if as_json else console
+    if not failed:
+        printer.print(f"[green]finished:[/] {done}", highlight=False, soft_wrap=True)
+        return
+    where = "see the errors in the JSON" if as_json else "see above"
+    printer.print(
+        f"[yellow]finished:[/] {done}, [red]{failed} failed[/] — {where}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    raise typer.Exit(EXIT_PARTIAL)
 
 
 def handle_errors(func: F) -> F:

@@ -1,7 +1,8 @@
 """`hotstep-ray dataset …`: scan a folder, build Side-Step's dataset.json, show and inspect.
 
-Bad input (a missing folder, an unreadable sidecar, an output path outside the allowed roots)
-prints one red line and exits with code 2 (`handle_errors`).
+Bad input (a missing folder, an unreadable sidecar given to `inspect`, an output path outside the
+allowed roots) prints one red line and exits with code 2 (`handle_errors`). `build` with songs it
+cannot read (audio or sidecar) writes the others and exits 3 (`EXIT_PARTIAL`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from hotstep_ray.audio.io import probe_audio
-from hotstep_ray.cli.common import console, handle_errors, print_json
+from hotstep_ray.cli.common import console, finish_stage, handle_errors, print_json
 from hotstep_ray.core.contracts import (
     AUDIO_EXTENSIONS,
     AUDIO_PRIORITY,
@@ -27,6 +28,7 @@ from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.dataset.scan import ensure_folder, scan_preview
 from hotstep_ray.dataset.sidecar import (
+    LEGACY_ENCODING,
     load_sidecar,
     normalize_sidecar,
     parse_sidecar_text,
@@ -112,7 +114,9 @@ def build(
         None, help="Where to write dataset.json (inside SOURCE or --data)."
     ),
 ) -> None:
-    """Create or update the dataset of SOURCE and write its dataset.json."""
+    """Create or update the dataset of SOURCE and write its dataset.json.
+
+    Exits 3 when some songs could not be read (the others are written), 2 on bad input."""
     storage = Storage(data)
     folder = Storage(source)
     ensure_folder(folder)
@@ -135,13 +139,18 @@ def build(
         detail = load_dataset(storage, slug)
     path = build_from_detail(storage, detail, BuildOptions(output_path=output or ""))
     _print_warnings(detail.warnings)
+    written = len(included_samples(detail.samples))
     console.print(
-        f"wrote [bold]{escape(path)}[/] with {len(included_samples(detail.samples))} samples "
+        f"wrote [bold]{escape(path)}[/] with {written} samples "
         f"({detail.sample_count} found, {detail.labeled_count} labeled, "
         f"{detail.excluded_count} excluded)",
         highlight=False,
         soft_wrap=True,  # keep paths whole so they can be copied
     )
+    # A song on disk that could not be read was left out: that is a failed sample. Excluded
+    # songs (the user's choice) and files gone from disk (nothing to read) are not.
+    failed = sum(1 for s in detail.samples if s.error and not (s.excluded or s.file_missing))
+    finish_stage(f"{written} samples written", failed)
 
 
 def _sample_table(detail: DatasetDetail) -> Table:
@@ -230,6 +239,7 @@ def inspect_sidecar(file: str) -> dict[str, Any]:
         "file": folder.url_of(name),
         "convention": loaded.convention,
         "sidecar_files": [folder.url_of(k) for k in loaded.files],
+        "legacy_encoded": [folder.url_of(k) for k in loaded.legacy_files],
         "audio": folder.url_of(audio) if audio else None,
         "parsed": parse_sidecar_text(text) if text is not None else None,
         "fields": loaded.fields,
@@ -261,6 +271,13 @@ def inspect(
         highlight=False,
         soft_wrap=True,
     )
+    for legacy in report["legacy_encoded"]:
+        console.print(
+            f"[yellow]not UTF-8, read as {LEGACY_ENCODING}:[/] {escape(legacy)} (the next write "
+            "stores it as UTF-8 and keeps these bytes as a backup)",
+            highlight=False,
+            soft_wrap=True,
+        )
     console.print(_fields_table("fields (loader)", report["fields"]))
     parsed = report["parsed"]
     if parsed is not None and parsed != report["fields"]:

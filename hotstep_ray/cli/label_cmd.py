@@ -16,7 +16,14 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from hotstep_ray.cli.common import RunByDefault, console, err_console, handle_errors, print_json
+from hotstep_ray.cli.common import (
+    RunByDefault,
+    console,
+    err_console,
+    finish_stage,
+    handle_errors,
+    print_json,
+)
 from hotstep_ray.core.contracts import CaptionProviderChoice, LabelOptions, MergePolicy
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import LogEvent, ProgressEvent, SampleEvent
@@ -114,7 +121,9 @@ def run(
     caption_concurrency: int = typer.Option(1, min=1, help="Parallel caption calls."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """Label dataset SLUG: analyse, fetch lyrics, caption, and merge into the sidecars."""
+    """Label dataset SLUG: analyse, fetch lyrics, caption, and merge into the sidecars.
+
+    Exits 3 when some samples failed (the others are labeled), 2 on bad input."""
     from hotstep_ray.labeling.job import label_dataset
 
     options = _options(
@@ -141,17 +150,15 @@ def run(
             report = label_dataset(storage, slug, options, events=sink)
     if as_json:
         print_json(asdict(report))
-        return
-    if report.skipped:
+    elif report.skipped:
         console.print(f"nothing to do ({report.skipped})")
         return
-    console.print(
-        f"[green]{report.labeled} labeled[/], [red]{report.failed} failed[/], "
-        f"{report.unlabeled} without caption, {report.analysed} analysed "
-        f"(job {report.job_id})"
-    )
-    if report.failed:
-        raise typer.Exit(1)
+    else:
+        console.print(f"job {report.job_id}: {report.analysed} analysed", highlight=False)
+    done = f"{report.labeled} labeled"
+    if report.unlabeled:  # finished without a caption and without an error: not a failure
+        done += f", {report.unlabeled} without caption"
+    finish_stage(done, report.failed, as_json=as_json)
 
 
 @app.command()

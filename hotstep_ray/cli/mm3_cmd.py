@@ -20,7 +20,14 @@ from pathlib import Path
 
 import typer
 
-from hotstep_ray.cli.common import console, handle_errors, print_json
+from hotstep_ray.cli.common import (
+    EXIT_FAILURE,
+    console,
+    finish_stage,
+    handle_errors,
+    json_on_stdout,
+    print_json,
+)
 from hotstep_ray.core.events import LogEvent, MetricEvent, ProgressEvent
 
 app = typer.Typer(
@@ -63,7 +70,9 @@ def preprocess(
     device: str = typer.Option("", help="cuda, cuda:1, cpu; default cuda when available."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
 ) -> None:
-    """DAV-encode a dataset's songs and build their conditioning (captions from <stem>.mm3.txt)."""
+    """DAV-encode a dataset's songs and build their conditioning (captions from <stem>.mm3.txt).
+
+    Exits 3 when some songs failed (the others are cached), 2 on bad input."""
     from hotstep_ray.core.jobs import Job
     from hotstep_ray.core.storage import Storage
     from hotstep_ray.mm3.preprocess import Mm3PreprocessOptions, run_preprocess
@@ -80,15 +89,17 @@ def preprocess(
         device=device,
     )
     storage = Storage(data)
-    with Job(storage, "preprocess", dataset_id=slug, sinks=(_sink,)) as job:
+    # With --json, stdout carries the manifest alone (as `preprocess run` does).
+    with (
+        json_on_stdout(as_json),
+        Job(storage, "preprocess", dataset_id=slug, sinks=(_sink,)) as job,
+    ):
         manifest = run_preprocess(storage, slug, checkpoints, options, job.events)
     if as_json:
         print_json(manifest)
     else:
-        console.print(
-            f"[green]MM3 cache[/] {options.resolved_variant_key}: {manifest['n_ok']} ok, "
-            f"{manifest['n_failed']} failed"
-        )
+        console.print(f"MM3 cache {options.resolved_variant_key}", highlight=False)
+    finish_stage(f"{manifest['n_ok']} ok", manifest["n_failed"], as_json=as_json)
 
 
 @app.command("train-dit")
@@ -284,7 +295,7 @@ def tone_check(
     colour = "green" if ok else "red"
     console.print(f"[{colour}]{frequency_hz:g} Hz in -> {result['frequency_hz']:.1f} Hz out[/]")
     if not ok:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILURE)
 
 
 @app.command("make-tiny")

@@ -19,6 +19,7 @@ from rich.markup import escape
 from hotstep_ray.cli.common import (
     RunByDefault,
     console,
+    finish_stage,
     handle_errors,
     json_on_stdout,
     print_json,
@@ -96,7 +97,9 @@ def run(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Preprocess dataset SLUG into tensors/SLUG/<variant>/ (cached samples are skipped)."""
+    """Preprocess dataset SLUG into tensors/SLUG/<variant>/ (cached samples are skipped).
+
+    Exits 3 when some samples failed (the others are cached), 2 on bad input."""
     options = PreprocessRunOptions(
         dit_model=variant,
         vae_model=vae,
@@ -147,15 +150,14 @@ def run(
         )
     if as_json:
         print_json(result.to_json_dict())
-        return
-    console.print(
-        f"[green]{result.processed} encoded[/], {result.cached} cached, "
-        f"{result.failed} failed -> {escape(result.tensor_dir)}",
-        highlight=False,
-        soft_wrap=True,
+    else:
+        for sid, error in result.errors.items():
+            console.print(f"  [yellow]{sid}[/]: {escape(error)}", highlight=False, soft_wrap=True)
+        console.print(f"tensors: {escape(result.tensor_dir)}", highlight=False, soft_wrap=True)
+    # `failed` counts the cache's failed entries, carried ones too: the cache is not complete.
+    finish_stage(
+        f"{result.processed} encoded, {result.cached} cached", result.failed, as_json=as_json
     )
-    for sid, error in result.errors.items():
-        console.print(f"  [yellow]{sid}[/]: {escape(error)}", highlight=False, soft_wrap=True)
 
 
 @app.command()

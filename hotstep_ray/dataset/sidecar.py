@@ -1,9 +1,9 @@
 """Side-Step sidecars (`<stem>.txt`): parse, load by convention, normalise, write.
 
 Reading matches Side-Step byte for byte (`parse_txt_metadata`, `load_sidecar_metadata`,
-`normalize_sidecar`; pinned by `tests/fixtures/sidestep/sidecars.json`):
+`normalize_sidecar`; pinned by `tests/fixtures/sidestep/sidecars.json`) for every UTF-8 file:
 
-- bytes are decoded as `utf-8-sig` with `errors="replace"`; the text is stripped and split with
+- bytes are decoded as `utf-8-sig` (a BOM is dropped); the text is stripped and split with
   `str.splitlines()` (CRLF, lone CR, form feed and U+2028 all end a line);
 - a line starts a field when, left-stripped, it has a `:`, does not start with `[`, and the
   lower-cased text before the first `:` is a known key; aliases become canonical names;
@@ -12,10 +12,25 @@ Reading matches Side-Step byte for byte (`parse_txt_metadata`, `load_sidecar_met
   dropped; a repeated key overwrites; everything after `lyrics:` is lyrics.
 
 The writer produces Side-Step's canonical layout (six fixed lines even when empty, then the other
-non-empty keys sorted, then `lyrics:` last, `\\n` joins, one trailing `\\n`, UTF-8), keeps the
-previous file as `<stem>.txt.bak` and replaces the file atomically through `Storage`.
+non-empty keys sorted, then `lyrics:` last, `\\n` joins, one trailing `\\n`, UTF-8), backs the
+previous file up (see `write_sidecar`) and replaces the file atomically through `Storage`.
 
-Deliberate differences from Side-Step's writer (each asserted in tests/dataset/test_sidecar_io.py):
+Text that is not UTF-8 (deliberate difference 6 below). Side-Step decodes with `errors="replace"`,
+so the `é` of a cp1252 `Café` reads as U+FFFD, and the next write of that text (a label run)
+stores the U+FFFD for good. Here nothing is ever decoded lossily:
+
+- a file that is not valid UTF-8 and holds no UTF-8 text at all is read as cp1252 (Windows'
+  "ANSI" code page, what Notepad and most Windows tools wrote before UTF-8): that decoding is
+  one-to-one on the 251 bytes it defines, so the text keeps every byte's meaning and the next
+  write stores it as UTF-8, which Side-Step reads back unchanged; `LoadedSidecar.legacy_files`
+  names such files;
+- a file with a byte cp1252 leaves undefined (0x81, 0x8D, 0x8F, 0x90, 0x9D), or one that mixes
+  valid UTF-8 text with invalid bytes (no single encoding reads it), is refused with an
+  `InputError` naming the file and the byte offset: the scan reports that sample and the label
+  job leaves its sidecar alone;
+- `write_sidecar` refuses to write a U+FFFD the current file does not already hold.
+
+Deliberate differences from Side-Step (each asserted in tests/dataset/test_sidecar_io.py):
 
 1. `None` is written as an empty value. Side-Step writes the literal text `None`, which reads back
    as the caption/genre "None".
@@ -28,7 +43,10 @@ Deliberate differences from Side-Step's writer (each asserted in tests/dataset/t
    (`"line1\\nbpm: 5"`) is refused for the same reason.
 4. Alias keys (`keyscale`, `tempo`, ...) are written under their canonical name; when both are
    given, the canonical key wins.
-5. Writing bytes identical to the current file is skipped, so `.bak` keeps the last real change.
+5. Writing bytes identical to the current file is skipped. The first backup, `<stem>.txt.bak`, is
+   never replaced (Side-Step overwrites it on every write, losing the user's original); later
+   writes keep the file they replace as `<stem>.txt.bak.1` (see `write_sidecar`).
+6. A sidecar that is not UTF-8 is read as cp1252 or refused, never with U+FFFD (see above).
 
 Choices where Side-Step's behaviour is not pinned by the fixtures (picked so that files written by
 either writer, which always emit `caption:` and `is_instrumental:` lines, read back sensibly):
@@ -44,6 +62,7 @@ either writer, which always emit `caption:` and `is_instrumental:` lines, read b
 from __future__ import annotations
 
 import ast
+import errno
 import json
 import posixpath
 from collections.abc import Mapping
@@ -104,9 +123,54 @@ def key_of_line(line: str) -> str | None:
     return ALIASES.get(name, name)
 
 
+# Tried only when the bytes are not UTF-8 (see the module docstring for why cp1252).
+LEGACY_ENCODING = "cp1252"
+REPLACEMENT_CHARACTER = "\ufffd"
+
+
+def _has_utf8_text(data: bytes) -> bool:
+    """Whether `data` holds at least one well-formed non-ASCII UTF-8 character (the invalid bytes
+    come back as lone surrogates U+DC80..U+DCFF, which no valid sequence decodes to)."""
+    text = data.decode("utf-8", errors="surrogateescape")
+    return any(ord(c) > 0x7F and not 0xDC80 <= ord(c) <= 0xDCFF for c in text)
+
+
+def decode_sidecar_as(data: bytes) -> tuple[str, str]:
+    """(text, encoding) of sidecar bytes, losslessly: `utf-8` (a BOM is dropped) or
+    `LEGACY_ENCODING`; an `InputError` saying which byte at which offset when neither fits."""
+    try:
+        return data.decode("utf-8-sig"), "utf-8"
+    except UnicodeDecodeError:
+        pass
+    # utf-8-sig counts offsets after the BOM: take the offset from the plain codec.
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad, offset = data[exc.start], exc.start
+    else:  # pragma: no cover - utf-8-sig only fails where utf-8 does
+        raise AssertionError("utf-8-sig failed on valid UTF-8")
+    if _has_utf8_text(data):
+        raise InputError(
+            f"byte 0x{bad:02x} at offset {offset} is not UTF-8, yet the file also holds UTF-8 "
+            f"text, so no single encoding reads it; re-save it as UTF-8"
+        )
+    try:
+        text = data.decode(LEGACY_ENCODING)
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"byte 0x{bad:02x} at offset {offset} is not UTF-8 and byte 0x{data[exc.start]:02x} "
+            f"at offset {exc.start} is not {LEGACY_ENCODING}; re-save it as UTF-8"
+        ) from None
+    # cp1252 is one-to-one on the bytes it defines; checked anyway, since the rewrite depends on it
+    if text.encode(LEGACY_ENCODING) != data:  # pragma: no cover
+        raise InputError(f"{LEGACY_ENCODING} does not round-trip; re-save it as UTF-8")
+    return text, LEGACY_ENCODING
+
+
 def decode_sidecar(data: bytes) -> str:
-    """Side-Step's decoding: a BOM is dropped and invalid bytes become U+FFFD."""
-    return data.decode("utf-8-sig", errors="replace")
+    """The text of sidecar bytes (`decode_sidecar_as` without the encoding). Unlike Side-Step's
+    `errors="replace"`, never a U+FFFD for a byte it could not read: an `InputError` instead."""
+    return decode_sidecar_as(data)[0]
 
 
 def parse_sidecar_text(text: str) -> dict[str, str]:
@@ -134,9 +198,10 @@ def parse_sidecar_bytes(data: bytes) -> dict[str, str]:
     return parse_sidecar_text(decode_sidecar(data))
 
 
-def read_sidecar_text(storage: Storage, key: str) -> str | None:
-    """Decoded text of a sidecar file; None when it does not exist; InputError when unreadable
-    (a folder, no permission), so the CLI can say which file and exit non-zero."""
+def read_sidecar_decoded(storage: Storage, key: str) -> tuple[str, str] | None:
+    """(text, encoding) of a sidecar file (`decode_sidecar_as`); None when it does not exist;
+    InputError naming the file when it cannot be read (a folder, no permission, bytes that no
+    encoding reads losslessly), so the CLI can say which file and exit non-zero."""
     if not storage.exists(key):
         return None
     try:
@@ -145,7 +210,16 @@ def read_sidecar_text(storage: Storage, key: str) -> str | None:
         return None  # vanished between the check and the read
     except OSError as exc:
         raise InputError(f"cannot read sidecar {storage.url_of(key)}: {exc}") from exc
-    return decode_sidecar(data)
+    try:
+        return decode_sidecar_as(data)
+    except InputError as exc:
+        raise InputError(f"cannot read sidecar {storage.url_of(key)}: {exc}") from None
+
+
+def read_sidecar_text(storage: Storage, key: str) -> str | None:
+    """`read_sidecar_decoded` without the encoding."""
+    decoded = read_sidecar_decoded(storage, key)
+    return None if decoded is None else decoded[0]
 
 
 # -- loader convention ---------------------------------------------------------------------------
@@ -157,6 +231,8 @@ class LoadedSidecar:
     convention: Convention = "none"
     # Files that exist among `<stem>.txt`, `<stem>.caption.txt`, `<stem>.lyrics.txt` (keys).
     files: tuple[str, ...] = ()
+    # Those of `files` that were not UTF-8 and were read as LEGACY_ENCODING.
+    legacy_files: tuple[str, ...] = ()
 
     @property
     def has_caption(self) -> bool:
@@ -179,29 +255,30 @@ def load_sidecar(storage: Storage, stem: str) -> LoadedSidecar:
     2. else `<stem>.caption.txt` and/or `<stem>.lyrics.txt`: caption and lyrics only;
     3. else the whole `<stem>.txt` text (stripped) as lyrics, every other field dropped.
     """
-    txt_key, cap_key, lyr_key = f"{stem}.txt", f"{stem}.caption.txt", f"{stem}.lyrics.txt"
-    txt = read_sidecar_text(storage, txt_key)
-    caption = read_sidecar_text(storage, cap_key)
-    lyrics = read_sidecar_text(storage, lyr_key)
-    files = tuple(
-        k for k, v in ((txt_key, txt), (cap_key, caption), (lyr_key, lyrics)) if v is not None
-    )
+    keys = (f"{stem}.txt", f"{stem}.caption.txt", f"{stem}.lyrics.txt")
+    decoded = {key: read_sidecar_decoded(storage, key) for key in keys}
+    read = {key: value for key, value in decoded.items() if value is not None}
+    txt, caption, lyrics = (read[k][0] if k in read else None for k in keys)
+    found = {
+        "files": tuple(read),
+        "legacy_files": tuple(k for k, (_, encoding) in read.items() if encoding != "utf-8"),
+    }
     if txt is not None:
         parsed = parse_sidecar_text(txt)
         # Side-Step tests the caption's value, not the key: a `caption:` line without a value
         # falls through to the split files, then to "the whole text is lyrics".
         if parsed.get("caption"):
-            return LoadedSidecar(parsed, "txt", files)
+            return LoadedSidecar(parsed, "txt", **found)
     if caption is not None or lyrics is not None:
         split: dict[str, str] = {}
         if caption is not None:
             split["caption"] = caption.strip()
         if lyrics is not None:
             split["lyrics"] = lyrics.strip()
-        return LoadedSidecar(split, "split", files)
+        return LoadedSidecar(split, "split", **found)
     if txt is not None and txt.strip():
-        return LoadedSidecar({"lyrics": txt.strip()}, "lyrics_only", files)
-    return LoadedSidecar({}, "none", files)
+        return LoadedSidecar({"lyrics": txt.strip()}, "lyrics_only", **found)
+    return LoadedSidecar({}, "none", **found)
 
 
 def load_sidecar_metadata(storage: Storage, audio_key: str) -> dict[str, str]:
@@ -350,11 +427,48 @@ def render_sidecar(fields: Mapping[str, Any]) -> bytes:
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
+def _holds_replacement(data: bytes | None) -> bool:
+    """Whether `data`, read the way `load_sidecar` reads it, contains U+FFFD."""
+    if data is None:
+        return False
+    try:
+        return REPLACEMENT_CHARACTER in decode_sidecar(data)
+    except InputError:
+        return False
+
+
+def _put(storage: Storage, sidecar: str, key: str, data: bytes) -> None:
+    """`storage.write_bytes`, with an error that names the sidecar: the atomic write fails on
+    its temporary file, whose name means nothing to the user."""
+    try:
+        storage.write_bytes(key, data)
+    except OSError as exc:
+        url = storage.url_of(sidecar)
+        reason = exc.strerror or str(exc)  # strerror: the reason without the temp file's name
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            folder = storage.url_of(posixpath.dirname(sidecar))
+            raise StorageError(
+                f"cannot write sidecar {url}: the folder {folder} is read-only or not "
+                f"writable ({reason})"
+            ) from exc
+        raise StorageError(f"cannot write sidecar {url}: {reason}") from exc
+
+
 def write_sidecar(storage: Storage, key: str, fields: Mapping[str, Any]) -> bool:
-    """Write `fields` as the sidecar at `key`, atomically, after copying the previous file to
-    `<key>.bak`. Returns False (and touches nothing) when the bytes would not change. An empty
-    caption beside other fields is written as the file-name caption: with no value there,
-    Side-Step (and `load_sidecar`) would read the whole file as lyrics and drop those fields."""
+    """Write `fields` as the sidecar at `key`, atomically, after backing up the file it replaces.
+    Returns False (and touches nothing) when the bytes would not change.
+
+    Backups: the first write that replaces a file copies it to `<key>.bak`, and that file is
+    never overwritten, so it keeps the user's original however many label runs and edits
+    follow. Every later write copies the file it replaces to `<key>.bak.1` (overwriting the
+    previous `.bak.1`), so the last version is one step back too. Two files at most: a studio
+    session's many small edits do not pile up numbered copies.
+
+    An empty caption beside other fields is written as the file-name caption: with no value
+    there, Side-Step (and `load_sidecar`) would read the whole file as lyrics and drop those
+    fields. A U+FFFD (the mark of a lossy decode, here or upstream) that the current file does
+    not already hold is refused with an `InputError`: once written, the original is lost.
+    A write that fails (a read-only folder) raises `StorageError` naming the sidecar."""
     others = any(str(v or "").strip() for k, v in fields.items() if k != "caption")
     if others and not str(fields.get("caption") or "").strip():
         fields = {**fields, "caption": caption_from_filename(posixpath.basename(key))}
@@ -362,7 +476,13 @@ def write_sidecar(storage: Storage, key: str, fields: Mapping[str, Any]) -> bool
     previous = storage.read_bytes(key) if storage.exists(key) else None
     if previous == data:
         return False
+    if REPLACEMENT_CHARACTER in data.decode("utf-8") and not _holds_replacement(previous):
+        raise InputError(
+            f"refusing to write {storage.url_of(key)}: a value holds U+FFFD, the mark of text "
+            "that was decoded lossily"
+        )
     if previous is not None:
-        storage.write_bytes(f"{key}.bak", previous)
-    storage.write_bytes(key, data)
+        backup = f"{key}.bak" if not storage.exists(f"{key}.bak") else f"{key}.bak.1"
+        _put(storage, key, backup, previous)
+    _put(storage, key, key, data)
     return True

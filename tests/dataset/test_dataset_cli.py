@@ -72,11 +72,16 @@ def test_missing_folder_is_a_one_line_error(tmp_path):
 def test_build_then_update_then_show(songs, tmp_path):
     data = tmp_path / "data"
     first = runner.invoke(app, ["build", str(songs), "--data", str(data), "--tag", "zq"])
-    assert first.exit_code == 0, first.output
+    # b.flac is not real audio: the build writes a.wav and says it finished with a failure.
+    assert first.exit_code == common.EXIT_PARTIAL == 3, first.output
     written = data / "datasets" / "songs" / "dataset.json"
     out = _flat(first.stdout)
     assert "created dataset songs" in out
     assert f"wrote {written} with 1 samples (2 found, 1 labeled, 0 excluded)" in first.stdout
+    assert f"warning: sub/b.flac: cannot read audio {songs / 'sub' / 'b.flac'}" in out
+    assert first.stdout.rstrip().splitlines()[-1] == (
+        "finished: 1 samples written, 1 failed — see above"
+    )
     doc = json.loads(written.read_text("utf-8"))
     # b.flac is not real audio: reported and left out of the build.
     assert [s["filename"] for s in doc["samples"]] == ["a.wav"]
@@ -86,7 +91,7 @@ def test_build_then_update_then_show(songs, tmp_path):
         app,
         ["build", str(songs), "--data", str(data), "--tag-position", "append", "--language", "fr"],
     )
-    assert second.exit_code == 0, second.output
+    assert second.exit_code == common.EXIT_PARTIAL, second.output
     assert "created" not in second.stdout
     doc = json.loads(written.read_text("utf-8"))
     assert (doc["metadata"]["tag_position"], doc["metadata"]["custom_tag"]) == ("append", "zq")
@@ -135,6 +140,7 @@ def test_inspect_json(songs):
         "file": str(songs / "a.txt"),
         "convention": "txt",
         "sidecar_files": [str(songs / "a.txt")],
+        "legacy_encoded": [],
         "audio": str(songs / "a.wav"),
         "parsed": {"caption": "hi [Verse]", "bpm": "90", "lyrics": "[Verse]\nla"},
         "fields": {"caption": "hi [Verse]", "bpm": "90", "lyrics": "[Verse]\nla"},
@@ -187,3 +193,43 @@ def test_inspect_errors(tmp_path):
         2,
         "error: notes.md: expected a sidecar .txt or an audio file",
     )
+
+
+def test_build_of_readable_songs_finishes_with_exit_0(tmp_path, wav):
+    folder = tmp_path / "songs"
+    folder.mkdir()
+    (folder / "a.wav").write_bytes(wav(0.5))
+    result = runner.invoke(app, ["build", str(folder), "--data", str(tmp_path / "data")])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.rstrip().splitlines()[-1] == "finished: 1 samples written"
+
+
+def test_build_refuses_a_sidecar_no_encoding_reads_and_writes_the_rest(tmp_path, wav):
+    folder = tmp_path / "songs"
+    folder.mkdir()
+    for name in ("a.wav", "b.wav"):
+        (folder / name).write_bytes(wav(0.5))
+    (folder / "a.txt").write_bytes(b"caption: caf\xe9 \x81\n")  # 0x81: not cp1252 either
+    (folder / "b.txt").write_bytes("caption: Café\n".encode("cp1252"))  # read as cp1252
+    data = tmp_path / "data"
+    result = runner.invoke(app, ["build", str(folder), "--data", str(data)])
+    assert result.exit_code == common.EXIT_PARTIAL, result.output
+    assert (
+        f"warning: a.wav: cannot read sidecar {folder / 'a.txt'}: byte 0xe9 at offset 12 is not "
+        "UTF-8 and byte 0x81 at offset 14 is not cp1252; re-save it as UTF-8"
+    ) in _flat(result.stdout)
+    assert result.stdout.rstrip().splitlines()[-1] == (
+        "finished: 1 samples written, 1 failed — see above"
+    )
+    doc = json.loads((data / "datasets" / "songs" / "dataset.json").read_text("utf-8"))
+    assert [(s["filename"], s["caption"]) for s in doc["samples"]] == [("b.wav", "Café")]
+
+
+def test_inspect_names_a_sidecar_read_as_cp1252(tmp_path):
+    (tmp_path / "x.txt").write_bytes("caption: Café\nlyrics:\nDéjà vu\n".encode("cp1252"))
+    report = json.loads(runner.invoke(app, ["inspect", str(tmp_path / "x.txt"), "--json"]).stdout)
+    assert report["legacy_encoded"] == [str(tmp_path / "x.txt")]
+    assert report["fields"] == {"caption": "Café", "lyrics": "Déjà vu"}
+    table = runner.invoke(app, ["inspect", str(tmp_path / "x.txt")])
+    assert table.exit_code == 0
+    assert f"not UTF-8, read as cp1252: {tmp_path / 'x.txt'}" in _flat(table.stdout)

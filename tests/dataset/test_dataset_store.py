@@ -183,9 +183,13 @@ def test_patch_sample_writes_the_sidecar_and_the_label_store(storage, wav):
         "sources": {"caption": "user", "bpm": "user"},
     }
     # Clearing a field is explicit: a field set to None is written empty.
+    first_edit = source.read_bytes("a.txt")
     patch_sample(storage, "band", sid, PatchSampleInput(bpm=None, is_instrumental=True))
     fields = parse_sidecar_bytes(source.read_bytes("a.txt"))
     assert (fields["bpm"], fields["is_instrumental"], fields["caption"]) == ("", "true", "new")
+    # The second edit keeps the user's original in .bak and the first edit in .bak.1.
+    assert source.read_bytes("a.txt.bak") == b"caption: first song\ntrigger: trg\nlyrics:\nla\n"
+    assert source.read_bytes("a.txt.bak.1") == first_edit
 
 
 def test_missing_file_after_labeling(storage, wav):

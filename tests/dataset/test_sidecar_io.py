@@ -16,6 +16,7 @@ from hotstep_ray.dataset.sidecar import (
     load_sidecar_metadata,
     normalize_sidecar,
     parse_sidecar_bytes,
+    parse_sidecar_text,
     render_sidecar,
     write_sidecar,
 )
@@ -28,6 +29,9 @@ WRITE = {case["name"]: case for case in FIXTURE["write_cases"]}
 AUDIO = "My_Song-01.wav"
 # Write cases where we differ from Side-Step on purpose (see hotstep_ray/dataset/sidecar.py).
 DELIBERATE = {"none_values", "extra_keys_sorted"}
+# Parse cases we refuse to read on purpose: not UTF-8, and not cp1252 either, since the file also
+# holds UTF-8 text (Side-Step reads U+FFFD there, which a later write would store for good).
+DELIBERATE_READS = {"invalid_utf8_lone_cr_formfeed"}
 
 
 def _input_bytes(case: dict) -> bytes:
@@ -44,18 +48,34 @@ def test_fixture_counts():
     assert len(PARSE) == 27
     assert len(WRITE) == 10
     assert DELIBERATE <= set(WRITE)
+    assert DELIBERATE_READS <= set(PARSE)
 
 
 @pytest.mark.parametrize("name", sorted(PARSE))
 def test_parse_txt_metadata(name):
     case = PARSE[name]
-    assert parse_sidecar_bytes(_input_bytes(case)) == case["parse_txt_metadata"]
+    data = _input_bytes(case)
+    if name in DELIBERATE_READS:
+        with pytest.raises(InputError, match="byte 0xe9 at offset 12 is not UTF-8"):
+            parse_sidecar_bytes(data)
+        # The line rules still match Side-Step's on the text it decoded (lone CR, form feed,
+        # U+2028): only the decoding differs.
+        text = data.decode("utf-8-sig", errors="replace")
+        assert parse_sidecar_text(text) == case["parse_txt_metadata"]
+        return
+    assert parse_sidecar_bytes(data) == case["parse_txt_metadata"]
 
 
 @pytest.mark.parametrize("name", sorted(PARSE))
 def test_load_sidecar_metadata(storage, name):
     case = PARSE[name]
     _put_case(storage, case)
+    if name in DELIBERATE_READS:
+        url = storage.url_of("My_Song-01.txt")
+        with pytest.raises(InputError) as refused:
+            load_sidecar_metadata(storage, AUDIO)
+        assert str(refused.value).startswith(f"cannot read sidecar {url}: byte 0xe9 at offset 12")
+        return
     assert load_sidecar_metadata(storage, AUDIO) == case["load_sidecar_metadata"]
 
 
@@ -219,6 +239,7 @@ def test_write_keeps_bak_and_is_atomic(storage):
     assert storage.read_bytes("sub/a.txt.bak") == first
     assert parse_sidecar_bytes(storage.read_bytes("sub/a.txt"))["caption"] == "second"
     assert storage.list("sub") == ["sub/a.txt", "sub/a.txt.bak"]  # no temp file left
-    # Unchanged bytes: nothing is written, so .bak still holds the last real change.
+    # Unchanged bytes: nothing is written.
     assert write_sidecar(storage, "sub/a.txt", {"caption": "second"}) is False
+    assert storage.list("sub") == ["sub/a.txt", "sub/a.txt.bak"]
     assert storage.read_bytes("sub/a.txt.bak") == first
