@@ -153,8 +153,7 @@ def run(
         "--compile",
         help="torch.compile each decoder layer: off, default, reduce-overhead (CUDA graphs), or "
         "auto (reduce-overhead on one GPU; default when layers are checkpointed or on several "
-        "GPUs; off on the CPU). CUDA only; each new row width compiles once (about 15 s on an "
-        "H200).",
+        "GPUs; off on the CPU). CUDA only; each new row width compiles once.",
     ),
     activation_budget: float = typer.Option(
         LM_ACTIVATION_BUDGET_DEFAULT,

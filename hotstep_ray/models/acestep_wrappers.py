@@ -137,8 +137,8 @@ class KeyPaddingMasks:
     """Key-padding masks for one micro-batch, read by `PaddedKeyAttnProcessor`.
 
     diffusers' DiT forward takes no masks (upstream overwrites its masks with None too), so a
-    right-padded micro-batch attends to padding: 1.34 output error and 111 % LoRA-gradient error
-    on a padded B=2 batch. The processor reads these masks instead.
+    right-padded micro-batch attends to padding, and on a padded batch both the output and the
+    LoRA gradients are wrong by order one. The processor reads these masks instead.
 
     The masks stay in force until `set` or `clear` is called again. That is deliberate: with
     gradient checkpointing the blocks are re-run during `backward()`, so clearing the masks when
@@ -216,9 +216,8 @@ def _attention_backend(processor: AceStepAttnProcessor2_0 | None = None) -> Any:
     """diffusers' `_get_current_attention_backend`, same result, without rebuilding the enum
     member it already holds: `AttentionBackendName(member)` is a graph break in torch 2.11's
     dynamo (the device machine's torch; 2.13 traces it). Every attention of a compiled block
-    asks, so each 2B block ran as ~7 graphs: 167 compiled regions per forward, and a batch-1
-    step whose host time (dynamo guards, graph launches) exceeded its 85 ms of kernels
-    (docs/BENCHMARKS.md, tenth device run)."""
+    asks, so each 2B block ran as ~7 graphs, and a batch-1 step's host time (dynamo guards,
+    graph launches) exceeded its GPU time."""
     backend = getattr(processor, "_attention_backend", None)
     if backend is None:
         backend = attention_dispatch._AttentionBackendRegistry.get_active_backend()[0]

@@ -13,7 +13,7 @@ A code can only differ between two precisions where some dim's bracket sits near
    and overwrites its code.
 
 Pass 2 equals the full float32 run as long as pass 1's bracket error stays below `margin`
-(`bench/preprocess_bench.py` reports the measured maximum as `codes_max_level_error`). Float32
+(`bench/preprocess_bench.py` reports the largest as `codes_max_level_error`). Float32
 itself is only reproducible up to rounding across batch shapes (a window recomputed in a batch
 of n may round its last bit differently), the same noise the existing grouping of songs into
 tokenizer calls already has.

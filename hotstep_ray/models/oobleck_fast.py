@@ -61,8 +61,8 @@ class OobleckFastOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     snake: SnakeImpl = "auto"
-    # "nhwc": Conv2d over [B, C, 1, T] in channels-last memory. H200, 240 s decode: 185 ms vs
-    # 229 ms for "ncw" (docs/BENCHMARKS.md), so it is the default.
+    # "nhwc": Conv2d over [B, C, 1, T] in channels-last memory; it decodes faster than "ncw" on
+    # the GPU, so it is the default.
     layout: Layout = "nhwc"
     compile: bool = False  # torch.compile the decoder / encoder (one compile per shape)
     cuda_graphs: bool | None = None  # None = on for CUDA; capture one graph per input shape
@@ -308,7 +308,7 @@ class Nhwc(torch.nn.Module):
 # output (2 N more), in place it overwrites the unit's input, and either way the bias costs a
 # pass.) The biases of the convs that feed a unit (decoder: the upsampling conv_t1; encoder: the
 # first conv and each downsampling conv1) move into the unit as well (`fold_conv_biases`).
-# Measured end to end in docs/BENCHMARKS.md (fifth device run, `fast-nhwc` vs `fast-nofuse`).
+# The kernel's rates: docs/BENCHMARKS.md, row `oobleck-sweep`; end to end: `decode-fast`.
 
 
 class FastResidualUnit(torch.nn.Module):
@@ -577,7 +577,8 @@ class ShapeGraphs:
         self.graphs[key] = (graph, static_in, static_out)
         # The warm-up's activations were cached for the side stream, where nothing else will
         # reuse them: return them, or every captured shape keeps a window's activations twice
-        # (a 240 s decode reserved 4.16 GiB for 0.95 GiB allocated; goal <= 4 GiB per replica).
+        # (the goal is <= 4 GiB per decode replica; its peaks: docs/BENCHMARKS.md, row
+        # `decode-fast`).
         torch.cuda.synchronize(x.device)
         release_cached_blocks(x.device)
 

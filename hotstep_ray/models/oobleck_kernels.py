@@ -32,14 +32,14 @@ HALF_DTYPES = (torch.bfloat16, torch.float16)
 # bf16 / fp16 tensors: the hardware sin after reducing the phase to [-pi, pi] (within ~1e-6 +
 # |phase| * 2e-7 of libdevice's, far below a half-precision output's rounding) instead of
 # libdevice's accurate sin, whose range reduction made the kernel compute-bound: in the
-# encoder's profile the Snake kernel ran at about half the H200's memory bandwidth (H200, 8 x
-# 240 s: 160 ms of 790 ms of VAE kernels; docs/BENCHMARKS.md, eighth device run). float32
-# tensors keep the accurate sin, so the float32 path stays within 1e-5 of diffusers'.
+# encoder's profile the Snake kernel ran well below the GPU's memory bandwidth (the fast sin's
+# rates: docs/BENCHMARKS.md, row `oobleck-sweep`). float32 tensors keep the accurate sin, so
+# the float32 path stays within 1e-5 of diffusers'.
 SNAKE_FAST_SIN = True
 # The channels-last Snake's program size: (elements per program, rounded to whole rows of the
 # channel width; warps), by channel width. bench/oobleck_kernel_sweep.py times the alternatives
-# on one encoder window's shapes (H200: 256 channels 0.157 -> 0.115 ms with 8192 / 16 warps;
-# 128 channels 0.412 -> 0.391 ms at full rate; 512 unchanged: docs/BENCHMARKS.md, eighth run).
+# on one encoder window's shapes: 128 and 256 channels gain from 8192 elements / 16 warps, 512
+# does not (the committed configuration's times: docs/BENCHMARKS.md, row `oobleck-sweep`).
 SNAKE_NWC_CONFIG = (4096, 4)
 SNAKE_NWC_CONFIGS: dict[int, tuple[int, int]] = {128: (8192, 16), 256: (8192, 16)}
 _MAX_GRID_ROWS = 65_535  # CUDA's limit on grid axis 1 (the NCW kernel's B * C rows)
@@ -300,9 +300,8 @@ def _triton_residual_kernel():
 
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) by channel count, for the counts that run
-# the fused kernel. The tiles come from a one-off sweep on an H200 whose script was not kept;
-# what they give end to end is measured in docs/BENCHMARKS.md (fifth device run: 240 s decode
-# 188 -> 114 ms, encode VAE stage 1.6x, `fast-nhwc` vs `fast-nofuse`). Wider layers (C >= 1024,
+# the fused kernel. The tiles come from a one-off GPU sweep whose script was not kept; the
+# kernel's rates are in docs/BENCHMARKS.md, row `oobleck-sweep`. Wider layers (C >= 1024,
 # a few % of the bytes) run the torch path: cuBLAS's tuned GEMM beats this simple kernel there.
 RESIDUAL_TILES: dict[int, tuple[int, int, int, int, int]] = {
     128: (64, 128, 64, 4, 3),
@@ -312,8 +311,7 @@ RESIDUAL_TILES: dict[int, tuple[int, int, int, int, int]] = {
 
 # The hardware sin after range reduction (within ~1e-6 + |phase| * 2e-7 of the accurate one),
 # which bf16 outputs cannot tell apart; `residual_self_check` compares the kernel with the torch
-# path at build, and the fused encode's latents stay within bf16 rounding of the unfused ones
-# (docs/BENCHMARKS.md, fifth device run).
+# path at build, and the fused encode's latents stay within bf16 rounding of the unfused ones.
 RESIDUAL_FAST_SIN = True
 
 

@@ -231,8 +231,7 @@ def w1_grad(dy: torch.Tensor, h: torch.Tensor, a: int, c: int) -> torch.Tensor:
     over both (`kron_kernels.pair_partials`), whose partials are summed here (compiled, in one
     kernel with the caller's scale and cast); elsewhere one [a, b] @ [b, c] per token, then the
     sum over tokens. One GEMM with K = tokens·b needs both operands copied into that layout first,
-    and was slower (H200, 2B LoKR 512, batch 2: 202.0 vs 214.2 ms per step; docs/BENCHMARKS.md,
-    eighth device run)."""
+    and made the 2B LoKR step slower (`SpeedOptions.kron_mix`)."""
     b = h.shape[-1]
     x, y = dy.reshape(-1, a, b), h.reshape(-1, c, b)
     if kron_kernels.kernel_applies(x, y):
@@ -408,8 +407,8 @@ class KronLinear(PeftLoKrLinear):
             # Under autocast the GEMMs take `compute` operands anyway: keep the whole path there
             # (the w1 mix, what it saves for the backward) instead of float32 copies of every
             # adapted input (peft's rule); the factors are cast once per call, as autocast would
-            # for a GEMM. H200, 2B LoKR 512, 6000 frames, batch 2: 197.89 ms per step and 26.15
-            # GiB reserved against 202.35 ms and 27.08 GiB with float32 copies (ninth device run).
+            # for a GEMM. That is both faster and smaller than float32 copies: a half-precision
+            # copy is half the bytes to write, save and read back.
             x = input.to(compute)
             w1 = w1.to(compute)
             w2 = tuple(w.to(compute) for w in w2) if isinstance(w2, tuple) else w2.to(compute)

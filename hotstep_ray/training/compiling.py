@@ -2,9 +2,10 @@
 
 Modes: `auto` | `off` | `default` (Inductor) | `reduce-overhead` (Inductor + CUDA graphs).
 Compiling is GPU-only: on the CPU Inductor's vectorised C++ kernels gave the DiT blocks the eager
-loss but wrong adapter gradients (torch 2.13, 40 % median error on the tiny DiT; right with
-`cpp.simdlen` 1), and CPU runs are test-size models that compiling cannot speed up. Each module
-is compiled on its own with static shapes; identical modules share their graphs.
+loss but wrong adapter gradients (torch 2.13, tiny DiT; right with `cpp.simdlen` 1; the error:
+docs/BENCHMARKS.md, the compile-check note under the DiT tables), and CPU runs are test-size
+models that compiling cannot speed up. Each module is compiled on its own with static shapes;
+identical modules share their graphs.
 
 Also here: selective activation checkpointing of the DiT's blocks (`install_checkpointing`), the
 other knob that decides what a block keeps for its backward.
@@ -44,8 +45,8 @@ def resolve_mode(requested: str, device: torch.device, what: str) -> str:
 
 def with_graphs(requested: str, mode: str, ckpt_layers: int, ddp: bool = False) -> str:
     """`auto` on CUDA adds CUDA graphs ("reduce-overhead") when no layer is checkpointed: both
-    compiled steps are still launch-bound (H200, docs/BENCHMARKS.md: 2B DiT LoRA r64 at 6000
-    frames 216 -> 154-158 ms at batch 1; 4B LM LoRA r16 on a 1700-token song 166 -> 93 ms).
+    compiled steps are still launch-bound, and graphs take the launches off the host (the 4B
+    LM: docs/BENCHMARKS.md, row `lm-4b-modes`'s `song_compile` against `lm-4b-song`).
     Checkpointed layers re-run their forward inside the backward, which CUDA-graph trees do not
     capture cleanly, so those runs keep plain compiled modules. So do `ddp` runs (torch's
     DistributedDataParallel reducing inside the backward, the LM trainer's multi-GPU path): that

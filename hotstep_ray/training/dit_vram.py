@@ -19,13 +19,12 @@ are checkpointed, L condition tokens):
   self-attention call, saved for backward (2·B·N² bytes per trained layer).
 Layers below the trained top K build no autograd graph and keep nothing.
 
-Calibration (`tests/training/test_dit_vram.py` checks it): against the peer trainers' measured
-H200 peaks (shared/reference/dit-peer-baseline.md; LoRA r64 + MLP, batch 1, T 750-6000) the
-model predicts +6 … +13 % without checkpointing and +21 … +26 % with every layer
-checkpointed — always over, never under, like the seed's `dit-vram.h`. Part of the margin is
-real: our adapter keeps fp32 master weights (16 B/param) where the peers' bf16 AdamW kept about
-8. The GPU bench (`bench/dit_bench.py`) prints the estimate next to the measured peak of our
-own trainer.
+Calibration (`tests/training/test_dit_vram.py` checks it): against the peer trainers' peaks
+(shared/reference/dit-peer-baseline.md; LoRA r64 + MLP, batch 1, T 750-6000) the model predicts
++6 … +13 % without checkpointing and +21 … +26 % with every layer checkpointed — always over,
+never under, like the seed's `dit-vram.h`. Part of the margin is real: our adapter keeps fp32
+master weights (16 B/param) where the peers' bf16 AdamW kept about 8. The GPU bench
+(`bench/dit_bench.py`) prints the estimate next to our own trainer's peak.
 
 Auto-fit (`fit`): depth is never touched (`layers` is the user's quality choice). Starting from
 the requested batch, no checkpointing and the largest crop (`crop_max_frames`, or the longest
@@ -52,10 +51,9 @@ ADAPTER_BYTES_PER_PARAM = 16
 ACT_BYTES = 2  # bf16 activations
 HEAD_BYTES_PER_FRAME = 1024  # prediction, target, noise, masks (fp32, 64 channels)
 # torch.compile'd blocks save about half the activations (Inductor's partitioner recomputes the
-# cheap elementwise chains in backward). H200, measured peak minus weights and adapter, over the
-# model's activation term: 0.52-0.53 (2B and XL LoRA r64, 6000 frames, batch 1-2), 0.58 (2B 750
-# frames x 8; 2B LoKR 512, factored path). 0.65 keeps the model above every measurement, as for
-# eager.
+# cheap elementwise chains in backward): on the GPU benches a peak minus weights and adapter is
+# a little over half the model's activation term. 0.65 keeps the model above every such peak
+# (2B and XL, LoRA and LoKR, short and long crops), as for eager.
 COMPILED_ACTIVATION_SHARE = 0.65
 
 
@@ -210,10 +208,8 @@ def _merged_weights(dims: DitDims, spec: AdapterSpec) -> int:
     """Elements of one layer's token-side adapted weights (the condition-side K/V see fewer
     rows than `SpeedOptions.kron_merged_min_tokens` and stay factored). The merged LoKR forward
     builds a bf16 `W + ΔW` per adapted Linear, and the model charges one such copy per trained
-    layer as if kept for the backward: the measured merged peaks (H200, 2B LoKR 512, 6000
-    frames, CUDA graphs, reserved: 14.0 / 14.14 GiB at batch 1, 20.88 / 20.53 at batch 2; ninth
-    / tenth device runs) sit 1.8 and 0.5-0.6 GiB above LoRA r64's at the same shapes, and what
-    holds that memory was not profiled."""
+    layer as if kept for the backward: a conservative charge, since what holds the merged path's
+    memory was not profiled (its peaks: docs/BENCHMARKS.md, the `dit-2b-6000x*` rows)."""
     return sum(
         fan_in * fan_out
         for _, fan_in, fan_out, side in targeted_linears(dims, spec)
@@ -306,8 +302,8 @@ def _even(frames: int) -> int:
 
 # Auto crops are whole multiples of 16 frames = 8 patch tokens. An odd token count (750 frames =
 # 375 tokens; the default 1250 = 625) sends the adapters' weight-gradient GEMMs, whose reduction
-# runs over the tokens, to unaligned cutlass kernels: 8.3 of 59 ms of GPU time in a 750-frame
-# H200 step. A crop the user fixes is kept as given.
+# runs over the tokens, to unaligned cutlass kernels, a visible share of a 750-frame step's GPU
+# time. A crop the user fixes is kept as given.
 CROP_ALIGN_FRAMES = 16
 
 

@@ -41,11 +41,12 @@ Result = TypeVar("Result")
 
 
 def compile_mode(requested: str, device: torch.device) -> str:
-    """`auto` is `default` on CUDA (H200, 2B LoRA r64, 6000 frames: 529 -> 216 ms per step;
-    `compiling.with_graphs` then adds CUDA graphs when nothing is checkpointed) and `off` elsewhere;
-    compiling is refused off CUDA (`training.compiling`). Compiled CUDA code matches eager (8e-7
-    in float32; bench/dit_compile_check.py). `step-graph` (DiT only): blocks compiled as
-    `default`, each step's forwards and backwards captured whole (`training.step_graph`)."""
+    """`auto` is `default` on CUDA (compiled blocks are much faster than eager ones;
+    `compiling.with_graphs` then adds CUDA graphs when nothing is checkpointed) and `off`
+    elsewhere; compiling is refused off CUDA (`training.compiling`). Compiled CUDA code matches
+    eager to float32 rounding (bench/dit_compile_check.py; docs/BENCHMARKS.md, the compile-check
+    note under the DiT tables). `step-graph` (DiT only): blocks compiled as `default`, each
+    step's forwards and backwards captured whole (`training.step_graph`)."""
     if requested == "step-graph":
         if device.type != "cuda":
             raise InputError(
@@ -59,10 +60,10 @@ def compile_mode(requested: str, device: torch.device) -> str:
 def graph_mode(requested: str, mode: str, ckpt_layers: int, lora_dropout: float) -> str:
     """The blocks' mode once the fit is known. `auto` on CUDA: "step-graph" when no layer is
     checkpointed and no adapter dropout draws inside the step, else `compiling.with_graphs`'s
-    choice. H200, 2B, one machine per pair (docs/BENCHMARKS.md, fifteenth run), step-graph
-    against per-block graphs: LoKR 512 at 750 x 1 37.90 vs 52.03 ms, LoRA r64 37.57 vs 46.83;
-    the recipe's path (crop 1248, 4 micro-batches folded) 62.01 vs 65.62; a 240 s song 81.74
-    vs 84.45. Checkpointed layers and dropout also make an explicit "step-graph" "default"."""
+    choice. The step graph beats per-block graphs at every 2B shape benched, by most where the
+    host bounds the step (short crops, LoKR's extra tensors): docs/BENCHMARKS.md, rows
+    `dit-2b-6000x1` (both modes) and `dit-2b-750x1-guards`, and the notes under the DiT table.
+    Checkpointed layers and dropout also make an explicit "step-graph" "default"."""
     mode = compiling.with_graphs(requested, mode, ckpt_layers)
     capturable = ckpt_layers == 0 and lora_dropout == 0
     if requested == "auto" and mode == "reduce-overhead" and capturable:

@@ -4,22 +4,18 @@ The CUDA-graph DiT step keeps its gradient buffers across steps (`compiling.stab
 tensor per adapter parameter: 528 on the 2B DiT with LoRA r64 or LoKR 512. Every per-step pass
 over them was then a list of 528 tensors: torch's `clip_grad_norm_` builds 528 norms and stacks
 them, `zero_grad` zeroes a 528-tensor list, the data-parallel all-reduce concatenated them into
-a new buffer every step. That is host work, not arithmetic: the clip phase of a batch-1 step
-took 3.73 ms (LoRA r64) and 5.59 ms (LoKR 512) for ~0.3 GB of float32 reads (arithmetic: 75-82
-M parameters; H200, `dit_bench --profile` phase times, docs/BENCHMARKS.md, eleventh device
-run), and on this 2-core CPU torch's clip over
-528 16 × 16 gradients takes 1.6 ms against 0.035 ms for one norm and one scale of a flat buffer
-(best of 5, one thread; `pytest -s tests/training/test_flat_grads.py -k host_time` prints both).
+a new buffer every step. That is host work, not arithmetic: the clip phase reads only ~0.3 GB
+of float32 (arithmetic: 75-82 M parameters), yet as a list it is hundreds of small launches
+where a flat buffer needs one norm and one scale (on the CPU,
+`pytest -s tests/training/test_flat_grads.py -k host_time` prints both host times).
 
 With the gradients as views of one buffer, autograd still accumulates into each view in place,
 and the clip, the zeroing and the all-reduce are one or two kernels per buffer.
 
-Measured (H200, 2B, 240 s, batch 1, `dit_bench --flat-grads/--no-flat-grads`, twelfth device
-run): the graph-replayed step did not change beyond its spread (LoKR 512 94.98 vs 91.93 ms,
-LoRA r64 93.85 vs 93.35). The replayed graph had already removed the per-tensor launches; the
-host time above was the synchronised phase's (LoKR: 5.6 ms with lists at batch 1, 1.06 ms flat
-at batch 2). What the buffer keeps is a short clip wherever steps are not graph-replayed, and
-one all-reduce per buffer.
+A graph-replayed step gets no faster beyond its spread (the A/B:
+`dit_bench --flat-grads/--no-flat-grads`): the replayed graph already removed the per-tensor
+launches. What the buffer keeps is a short clip wherever steps are not graph-replayed, and one
+all-reduce per buffer.
 """
 
 from __future__ import annotations
@@ -55,7 +51,7 @@ class FlatGrads:
     def backs(self) -> bool:
         """Whether every parameter's `.grad` is still the view given to it (something may have
         set it to None or replaced it since: autograd replaces a gradient only under
-        `create_graph`, which the trainer never uses). Identity checks: ~0.04 ms for 528."""
+        `create_graph`, which the trainer never uses). Identity checks only: no device work."""
         return all(p.grad is view for p, view in self._views)
 
     def zero_(self) -> None:

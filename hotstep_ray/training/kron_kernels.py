@@ -4,10 +4,10 @@ The w1 gradient of a LoKR Linear (`adapters.w1_grad`) is `Σ_t Σ_n x[t, i, n] �
 x `[tokens, a, n]` and y `[tokens, c, n]` (the output gradient and an activation, one side
 already through w2), a tiny `[a, c]` result (4 × 4 on most 2B layers) reduced over every token.
 torch runs it as a batched GEMM of one `[a, n] @ [n, c]` per token, which cuBLAS executes with
-16 × 16-tile sm80 WMMA kernels: 5.39 ms of an 88-96 ms batch-1 step over 216 calls (25 µs
-each), the largest LoKR-only kernel (H200, 2B LoKR 512, 6000 frames; docs/BENCHMARKS.md,
-eleventh device run). The work is a memory pass: reading x and y once is 25-61 MB per adapted
-Linear at 3000 tokens, 5-13 µs at the H200's 4.8 TB/s (arithmetic).
+16 × 16-tile sm80 WMMA kernels, the largest LoKR-only kernel of a 2B LoKR 512 step. The work
+is a memory pass: reading x and y once is 25-61 MB per adapted Linear at 3000 tokens, 5-13 µs
+at the H200's 4.8 TB/s (arithmetic). Both paths' times per shape: docs/BENCHMARKS.md, row
+`kron-kernels`.
 
 `pair_sums_kernel`: each program owns `tokens_per_program` tokens and one span of
 `COLUMNS_PER_PROGRAM` columns, and multiplies all of their (token, row) pairs of x with all of y
@@ -16,8 +16,8 @@ entries and sums them into one `[a, c]` partial. The cross-token products it thr
 nothing that matters (BT-fold more multiply-adds than needed, still ~1 GFLOP per layer); x and y
 are read exactly once. The op returns the partials, `[programs, a, c]` float32 in a fixed order;
 the caller sums them, so the result does not depend on scheduling and, compiled, Inductor fuses
-that sum with the caller's scale and cast (a torch sum inside the op was a kernel of its own:
-2.25 ms per step over 241 calls, as long as the kernel; eleventh device run).
+that sum with the caller's scale and cast (a torch sum inside the op was a kernel of its own,
+as long as the reduction itself).
 `pair_partials_blocked` is the same algorithm in torch: the CPU tests check it, and on the GPU
 a self-check compares the kernel's partials with it, one by one, before the first use of each
 (a, c) (each pair is a kernel compiled of its own). On a mismatch or a failed launch the op
@@ -31,8 +31,8 @@ tensor-core product, a block-diagonal `[BT·OP, BT·IP]` matrix (m once per toke
 times the tile already loaded, stored in the operands' dtype. Its register budget: that matrix
 (≤ 64 × 64 bf16 at the 2B's shapes) and a `[BT·OP, BN]` float32 product beside the accumulator.
 Checked at first use: the partials per (device, dtype, a, c), the mix per (..., side); CI runs
-both kernels in Triton's CPU interpreter (float32), the H200 ran them in bf16 (`SpeedOptions.fused_mix`,
-on).
+both kernels in Triton's CPU interpreter (float32), the GPU benches in bf16
+(`SpeedOptions.fused_mix`, on; row `kron-kernels`).
 
 Importing this module needs no Triton and no GPU; the kernel is built at its first use.
 """

@@ -102,13 +102,14 @@ class LmEngine(BaseModel):
     # torch.compile of each decoder layer (`compile_mode`): auto = reduce-overhead (Inductor +
     # CUDA graphs) on one CUDA GPU when no layer is checkpointed, default when some are or under
     # DDP (`compiling.with_graphs`), off on the CPU.
-    # H200, 4B LoRA r16, a 1700-token song: 294 ms eager -> 93-95 ms per step; the first step of
-    # each new row width compiles (17-19 s, then about 14 s per further width; docs/BENCHMARKS.md).
+    # Compiled layers with graphs are the fastest mode on one GPU; the first step of each new
+    # row width compiles (docs/BENCHMARKS.md, rows `lm-4b-modes` and `lm-4b-song`, and the LM
+    # table's note on compiling).
     compile: CompileMode = LM_COMPILE_DEFAULT
     # Share of the compiled layers' saved activations that AOTAutograd may keep; below 1 its
     # partitioner recomputes the cheapest ops (norms, SiLU, casts) in the backward instead
-    # (torch._functorch activation_memory_budget). 4B, 1700 tokens, reduce-overhead: 1.0 -> 93 ms
-    # at 17.1 GiB reserved; 0.8 -> 95 ms at 15.2 GiB. Ignored when the layers run eagerly.
+    # (torch._functorch activation_memory_budget): a little step time for less reserved memory
+    # (row `lm-4b-song` runs at the default). Ignored when the layers run eagerly.
     activation_budget: float = Field(default=LM_ACTIVATION_BUDGET_DEFAULT, gt=0, le=1)
     vram_budget_gib: float = Field(default=0.0, ge=0)  # 0 = free GPU memory - reserve
     vram_reserve_gib: float = Field(default=1.5, ge=0)
@@ -189,7 +190,7 @@ def _tokenizer(folder: str, stamp: float) -> Any:
 
 
 def load_tokenizer(folder: str | Path) -> Any:
-    """The LM folder's tokenizer, cached per process (loading it takes ~2 s)."""
+    """The LM folder's tokenizer, cached per process (loading it takes seconds)."""
     path = Path(folder)
     return _tokenizer(str(path.resolve()), (path / "tokenizer.json").stat().st_mtime)
 

@@ -624,10 +624,11 @@ def largest_step(examples: Sequence[LmExample], groups: Sequence[Group], pad_mul
     return max(len(g) * row_width(examples, g, pad_multiple) for g in groups)
 
 
-# What one more compiled row width costs, in training tokens: H200, 4B LoRA r16, reduce-overhead,
-# 13.7 s to compile a new width at 18,300 tokens/s (docs/BENCHMARKS.md, sixth device run). Smaller
-# LMs train more tokens per second for a similar compile, so this undercharges them: it errs
-# towards more widths, the choice that wastes no compute.
+# What one more compiled row width costs, in training tokens: the 4B's compile time for a new
+# width times its compiled + graphs throughput (arithmetic from docs/BENCHMARKS.md: row
+# `lm-4b-song`'s tokens/s and the LM table's note on compiling). Smaller LMs train more tokens
+# per second for a similar compile, so this undercharges them: it errs towards more widths, the
+# choice that wastes no compute.
 COMPILE_COST_TOKENS = 250_000
 PAD_MULTIPLES = (64, 128, 256, 512)  # candidate row-width multiples when the layers compile
 

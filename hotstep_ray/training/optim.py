@@ -19,30 +19,26 @@ Muon. `"match_rms_adamw"` (Moonshot: 0.2·sqrt(max side)) would stack on the ×2
 Precision (`ns_precision`). torch 2.13's Muon casts the Newton–Schulz iteration to bfloat16;
 "bfloat16" reproduces its step bit for bit. "float32" is IEEE float32. "tf32" keeps float32
 tensors and runs the GEMMs on TF32 tensor cores (CUDA only; on the CPU it is "float32" exactly).
-"tf32" was the CUDA default until session 10 measured the batched bfloat16 step: a LoKR 512
-adapter on the 2B DiT stacks 264 factors of 256-1024 a side, ~0.95 TFLOP of Newton–Schulz per step.
-H200, the Muon step alone on those shapes (bench/muon_bench.py; docs/BENCHMARKS.md, tenth device
-run), with the largest deviation from float64 Newton–Schulz relative to its largest element:
-float32 25.3 ms (3e-6), tf32 8.7 ms (5.1e-3), bfloat16 105.5 ms (2.1e-2; per parameter, as
-torch). DiT LoRA r64: 9.6 / 6.9 / 236.7 ms. Five quintic steps only bring the singular values
-into (0.5, 1.5) anyway, so TF32's 5e-3 is far inside what Muon tolerates.
+A LoKR 512 adapter on the 2B DiT stacks 264 factors of 256-1024 a side, ~0.95 TFLOP of
+Newton–Schulz per step, so the precision is also a speed choice. Five quintic steps only bring
+the singular values into (0.5, 1.5) anyway, so even bfloat16's rounding is inside what Muon
+tolerates (each mode's time and deviation from float64: docs/BENCHMARKS.md, row `muon`;
+bench/muon_bench.py).
 
 "bfloat16_batched", the CUDA default ("auto"), is the bucketed step in bfloat16: the precision of
-torch's Muon and of the Muon reference, at twice TF32's tensor-core rate. LoKR's 512-wide square
-w2 factors carry ~9x the Newton–Schulz arithmetic of LoRA r64's rank-64 ones (0.95 against
-0.106 TFLOP a step), so LoKR's update is where the precision shows. Same bench, twelfth device
-run (run_s10b.sh):
-LoKR 512 tf32 8.78 ms -> bfloat16_batched 5.41 ms (1.8e-2 from float64, against torch's own
-bf16 loop's 2.1e-2); LoRA r64 6.39 -> 5.65 ms (2.3e-2). The LM trainers' "auto" is the same;
-their shapes were not measured with it.
+torch's Muon and of the Muon reference, at twice TF32's tensor-core rate, and the fastest mode at
+an error within Muon's own tolerance (row `muon`). LoKR's 512-wide square w2 factors carry ~9x
+the Newton–Schulz arithmetic of LoRA r64's rank-64 ones (0.95 against 0.106 TFLOP a step), so
+LoKR's update is where the precision shows. The LM trainers' "auto" is the same choice, made on
+the DiT's shapes.
 
 Bucketing. LoRA/LoKR adapters give hundreds of small matrices (DiT LoRA r64: 528), and one
 Newton–Schulz per parameter (5 iterations × 3 GEMMs) makes the step launch-bound on a GPU. Same
 shape (and dtype/device) parameters are stacked `[N, m, n]` and orthogonalised by ONE batched
 iteration, each slab normalised by its own Frobenius norm; buckets hold at most `bucket_size`
-(16) slabs. CPU, 2 threads, 264 × [64, 2048] + 264 × [2048, 64]: cap 4-16 ≈ 0.8 s/step, 32
-≈ 0.96 s, 64 ≈ 1.5 s, no cap ≈ 1.8 s, per-parameter ≈ 0.94 s — past ~8 MB a stack's
-elementwise passes and the `baddbmm` leave the L3 cache. 16 already cuts NS launches 16×; on a
+(16) slabs. 16 keeps a stack within a CPU's L3 cache: 16 × [64, 2048] float32 is 8 MiB
+(arithmetic), and past that a stack's elementwise passes and the `baddbmm` leave the cache, so
+larger caps run slower on the CPU. 16 already cuts NS launches 16×; on a
 GPU a larger cap (or None) trades a few hundred MB of transient stacks for fewer launches.
 """
 

@@ -1,7 +1,7 @@
 """Speed switches of the adapter layers and the DiT step, in one typed, frozen value.
 
 None of them changes the math (every pair of paths is tested against the other); each default
-is the measured faster one (docs/BENCHMARKS.md names the device run). The run's `SpeedOptions`
+is the faster path on the GPU benches (docs/BENCHMARKS.md, DiT tables). The run's `SpeedOptions`
 reaches the code that reads them explicitly: `adapters.inject(..., speed=)` sets it on every
 LoKR layer (`adapters.set_speed` changes it later), `dit_vram.estimate(..., speed=)` sizes the
 run with it, and `engine.StepEngine` reads `flat_grads`. The benches' A/B flags and the tests
@@ -25,50 +25,45 @@ class SpeedOptions:
 
     kron_mix: how `adapters.kron_linear` mixes LoKR's w1 side. "gemm": a matmul with K = c (4 on
         2B, 5 on XL), which cuBLAS runs with unaligned low-occupancy kernels (the LoKR step's
-        largest kernel on an H200), then a transpose copy of the output. "pointwise":
+        largest kernel on the GPU), then a transpose copy of the output. "pointwise":
         `adapters.KronMix`, c multiply-adds per output that torch.compile fuses into one pass,
         with the w1 gradient as one split-K GEMM. "ordered": the pointwise mix on whichever side
         makes the w2 GEMM smaller: w1 first when a <= c (the GEMM then costs tokens·a·d·b
         instead of tokens·c·d·b and writes the output in its final layout; 2B: every attention
-        projection and the MLP's down), else w2 first as "pointwise". Measured (H200, 2B, LoKR
-        512, 6000 frames, batch 2, CUDA graphs; bench/dit_bench.py --kron-mix; eighth device
-        run): gemm 275.7 ms per step, ordered 214.2, ordered with the w1 gradient as a batched
-        GEMM per token (`adapters.w1_grad`) 202.0. On the CPU the GEMM mix is the faster (a tiny
-        DiT layer on 2 cores: 285 vs 352 us per forward + backward), so "auto" picks "ordered"
-        for CUDA tensors and "gemm" otherwise. `MergedKron`'s backward reuses the choice for its
-        one w1 mix; only the factored forward was timed per mix.
+        projection and the MLP's down), else w2 first as "pointwise". On the GPU "ordered" beats
+        "gemm", more so with the w1 gradient as a batched GEMM per token (`adapters.w1_grad`);
+        on the CPU the GEMM mix is the faster (the A/B: bench/dit_bench.py --kron-mix), so
+        "auto" picks "ordered" for CUDA tensors and "gemm" otherwise. `MergedKron`'s backward
+        reuses the choice for its one w1 mix; only the factored forward was timed per mix.
     kron_forward: how a trained LoKR Linear runs. "factored" adds `kron_linear`'s output to the
         base Linear's; "merged" runs one Linear with `W + scale · (w1 ⊗ w2)`, built per call
         (`adapters.MergedKron`). Per adapted Linear, in base-GEMM units with f = max(a, c):
         factored = forward 1 + 1/f plus a mix pass, backward 1 (dx) + 2/f plus mix passes;
         merged = forward 1, backward 1 + 2/f plus one mix pass, and two passes over W to build
-        W'. H200, 2B LoKR 512 at 6000 frames, batch 2, CUDA graphs, bf16: factored 197.89 ms per
-        step at 26.15 GiB reserved, merged 170.99 ms at 20.88 GiB (LoRA r64: 155.57 ms, 20.34
-        GiB). Merged rounds W + ΔW to bf16 where factored rounds the two outputs' sum; a bf16 toy
-        fit stays as close to float32 either way (tests/training/test_kron_merged.py).
+        W'. On the GPU merged is the faster and reserves less once the rows are many enough
+        (below). Merged rounds W + ΔW to bf16 where factored rounds the two outputs' sum; a
+        bf16 toy fit stays as close to float32 either way (tests/training/test_kron_merged.py).
     kron_merged_min_tokens: rows of x (all leading axes: batch × tokens) below which "merged"
         keeps the factored path. Building W' moves ~2 weights of memory (read W, write W'; again
         in the backward) for the 1/f-base GEMM it saves (f = 4: rows · in · out / 2 FLOPs): on an
-        H200 (4.8 TB/s, ~700 TFLOP/s bf16) the two meet near 1200 rows. Measured lower once the
-        step was not host-bound (2B LoKR 512, compile step-graph; fifteenth run): at 750 rows
-        merged 38.80 ms per step against factored 42.85 (LoRA r64: 40.43); at 375 rows factored
-        LoKR already led LoRA (34.98 vs 35.73 ms), so 512. A decode step (1-2 rows) would
-        otherwise rebuild every weight per token. The DiT's rows are batch × frames / 2 (patch
-        2): a 240 s crop 3000 per song, the recipe's 1248-frame crop 624 (2496 with its 4
-        micro-batches folded); the cross-attention K/V see batch × condition tokens; the LM's
+        H200 (4.8 TB/s, ~700 TFLOP/s bf16) the two meet near 1200 rows (arithmetic). Once the
+        step is not host-bound (step graph) merged wins lower: it beats factored at 750 rows,
+        while at 375 rows factored LoKR already leads LoRA r64 (docs/BENCHMARKS.md, row
+        `dit-2b-750x1`, whose run kept those rows factored), so 512. A decode step (1-2 rows)
+        would otherwise rebuild every weight per token. The DiT's rows are batch × frames / 2
+        (patch 2): a 240 s crop 3000 per song, the recipe's 1248-frame crop 624 (2496 with its
+        4 micro-batches folded); the cross-attention K/V see batch × condition tokens; the LM's
         rows are ~1700 per 240 s song.
     fused_mix: whether `MergedKron`'s backward takes w1's pair sums and w2's mix from one kernel
         pass (`kron_kernels.pair_partials_mix`), saving a read of one activation-sized operand
-        per adapted Linear: ~7.7 GB per 2B batch-2 step at 6000 frames. H200 (thirteenth run):
-        2B LoKR 512 at batch 2 150.4-150.6 ms fused against 158.8 ms with the torch mix.
-        `dit_bench --no-fused-mix` is the A/B.
+        per adapted Linear: ~7.7 GB per 2B batch-2 step at 6000 frames (arithmetic). The kernel
+        against the torch mix: docs/BENCHMARKS.md, row `kron-kernels`; the step's A/B is
+        `dit_bench --no-fused-mix`.
     flat_grads: the CUDA-graph step's gradients as views of one flat buffer (`flat_grads.
         FlatGrads`); False keeps one buffer per parameter (`compiling.stable_grads`) and torch's
-        per-tensor clip (`dit_bench --no-flat-grads`). H200, 2B, 240 s, batch 1, graph-replayed
-        steps: no change beyond the rows' spread (LoKR 512 94.98 flat / 91.93 lists; twelfth
-        run); LoKR's synchronised clip phase went 5.6 ms (lists, batch 1) -> 1.06 ms (flat,
-        batch 2). On the CPU torch's clip over 528 16 x 16 gradients takes 1.6 ms of host time,
-        the flat one 0.035 ms.
+        per-tensor clip (`dit_bench --no-flat-grads`). Graph-replayed steps change no more than
+        their spread; the flat buffer shortens the clip wherever steps are not replayed (host
+        work: hundreds of small launches against two; `flat_grads`' docstring).
     """
 
     kron_mix: KronMix = "auto"

@@ -2,11 +2,11 @@
 
 Why: with CUDA-graph trees on each compiled block (`reduce-overhead`) the host still calls
 Python for every block twice a step (Dynamo's guards, the tree's replay and its output
-tensors): ~0.5-1 ms per 2B block. At batch 1 on a 30 s crop the GPU needs ~32 ms per step and
-the host ~50-70 ms, so the step is the host's, and an adapter with more tensors per block
-(LoKR: three per Linear against LoRA's two) pays for them in step time (docs/BENCHMARKS.md,
-fourteenth and fifteenth device runs). One captured graph per input shape replays the whole
-forward and backward with one call, whatever the adapter.
+tensors): 48 calls per 2B step (24 blocks). At batch 1 on a 30 s crop the host needs longer
+than the GPU, so the step is the host's, and an adapter with more tensors per block (LoKR: three
+per Linear against LoRA's two) pays for them in step time (docs/BENCHMARKS.md, rows
+`dit-2b-750x1-guards` and `dit-guards-cpu`). One captured graph per input shape replays the
+whole forward and backward with one call, whatever the adapter.
 
 How: the first step at a shape copies its inputs into device tensors of its own (the static
 inputs), runs the step body on them eagerly on a side stream (that run is the step: its loss and
