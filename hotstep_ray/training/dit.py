@@ -70,7 +70,13 @@ from hotstep_ray.training.dit_log import LOG_FILE, resolved_config, write_log  #
 from hotstep_ray.training.dit_setup import DitSettings, adapter_spec, check_run_folder  # noqa: F401
 from hotstep_ray.training.dit_state import DitResult, StepResult, TrainState
 from hotstep_ray.training.dit_windows import Window
-from hotstep_ray.training.engine import StepEngine, compile_mode, graph_mode  # noqa: F401
+from hotstep_ray.training.engine import (  # noqa: F401
+    COMPILE_MIN_STEPS,
+    StepEngine,
+    compile_mode,
+    eager_for_short_run,
+    graph_mode,
+)
 from hotstep_ray.training.optim import HybridOptimizer
 from hotstep_ray.training.schedule import LrSchedule, MilestoneTracker, StopRule
 
@@ -212,6 +218,15 @@ def prepare(
     mode = compile_mode(options.compile, device)
     spec = adapter_spec(options, settings, dims)
     fit = dit_setup.fit_run(options, settings, dims, spec, cache, device, compiled=mode != "off")
+    steps = dit_setup.build_schedule(options, settings, cache, fit.batch).total_steps
+    if eager_for_short_run(options.compile, mode, steps):  # refit: eager keeps more activations
+        mode = "off"
+        fit = dit_setup.fit_run(options, settings, dims, spec, cache, device, compiled=False)
+        if events is not None and settings.rank == 0:
+            events.log(
+                f"{steps} optimizer steps: training eagerly, compiling would take longer than "
+                f"it saves below {COMPILE_MIN_STEPS} steps (--compile default compiles anyway)"
+            )
     fingerprint = model_fingerprint(models.transformer)
     dit_setup.inject_adapter(models.transformer, spec, settings.speed, options.seed, device)
     compiling.install_checkpointing(models.transformer, fit.ckpt_layers, fit.trained_layers)

@@ -41,7 +41,8 @@ Result = TypeVar("Result")
 
 
 def compile_mode(requested: str, device: torch.device) -> str:
-    """`auto` is `default` on CUDA (compiled blocks are much faster than eager ones;
+    """`auto` is `default` on CUDA (compiled blocks are much faster than eager ones; a short run
+    stays eager, `eager_for_short_run`;
     `compiling.with_graphs` then adds CUDA graphs when nothing is checkpointed) and `off`
     elsewhere; compiling is refused off CUDA (`training.compiling`). Compiled CUDA code matches
     eager to float32 rounding (bench/dit_compile_check.py; docs/BENCHMARKS.md, the compile-check
@@ -55,6 +56,22 @@ def compile_mode(requested: str, device: torch.device) -> str:
             )
         return requested
     return compiling.resolve_mode(requested, device, "the DiT blocks")
+
+
+# "auto" compiles only runs of at least this many optimizer steps. Compiling the blocks (and
+# capturing the step graph) costs tens of seconds before the first step (docs/BENCHMARKS.md,
+# "Compile cache, cold and warm"); it pays back after compile seconds / (eager step - compiled
+# step) steps. With a warm cache's compile and an eager step about three times the compiled one
+# (row `dit-2b-recipe` for the compiled step) that is about 200, so a short run, such as a first
+# try on a few songs, finishes sooner eagerly. The eager step at the recipe's shape is not benched
+# yet (BENCHMARKS, "Not measured yet"): an estimate, to be set from that row once it runs.
+COMPILE_MIN_STEPS = 200
+
+
+def eager_for_short_run(requested: str, mode: str, planned_steps: int) -> bool:
+    """Whether `auto` should run eagerly a run of `planned_steps` optimizer steps that it would
+    otherwise compile (`mode`); an explicit compile mode is always kept."""
+    return requested == "auto" and mode != "off" and planned_steps < COMPILE_MIN_STEPS
 
 
 def graph_mode(requested: str, mode: str, ckpt_layers: int, lora_dropout: float) -> str:
