@@ -24,7 +24,12 @@ from hotstep_ray.cli.common import (
     handle_errors,
     print_json,
 )
-from hotstep_ray.core.contracts import CaptionProviderChoice, LabelOptions, MergePolicy
+from hotstep_ray.core.contracts import (
+    ANALYSIS_TIME_LIMIT_S,
+    CaptionProviderChoice,
+    LabelOptions,
+    MergePolicy,
+)
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import LogEvent, ProgressEvent, SampleEvent
 from hotstep_ray.core.storage import Storage
@@ -68,6 +73,7 @@ def _options(
     caption_model: str,
     merge_policy: str,
     sample_ids: list[str] | None,
+    analysis_time_limit_s: float | None = None,
 ) -> LabelOptions:
     if scope not in ("all", "unlabeled"):
         raise InputError("--scope must be all or unlabeled")
@@ -84,6 +90,7 @@ def _options(
         "use_genius": genius,
         "use_caption": caption,
         "sample_ids": sample_ids or None,
+        "analysis_time_limit_s": analysis_time_limit_s,
     }
     values = {k: v for k, v in given.items() if v is not None}
     if caption_provider is not None:
@@ -119,6 +126,11 @@ def run(
     analysis_actors: int = typer.Option(0, min=0, help="Analysis actors (0 = one per CPU)."),
     genius_concurrency: int = typer.Option(1, min=1, help="Parallel Genius calls."),
     caption_concurrency: int = typer.Option(1, min=1, help="Parallel caption calls."),
+    analysis_time_limit: float | None = typer.Option(
+        None,
+        help=f"Seconds one song's analysis may take before it fails (default "
+        f"{ANALYSIS_TIME_LIMIT_S:g}).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Label dataset SLUG: analyse, fetch lyrics, caption, and merge into the sidecars.
@@ -127,7 +139,15 @@ def run(
     from hotstep_ray.labeling.job import label_dataset
 
     options = _options(
-        scope, essentia, genius, caption, caption_provider, caption_model, merge_policy, sample_id
+        scope,
+        essentia,
+        genius,
+        caption,
+        caption_provider,
+        caption_model,
+        merge_policy,
+        sample_id,
+        analysis_time_limit,
     )
     storage = Storage(data)
     columns = (

@@ -209,6 +209,12 @@ class CaptionProviderChoice(Options):
     model: str = ""
 
 
+# Seconds one song's analysis (decode included) may take before its process is killed and the
+# sample fails: the longest stretch analysed costs a few CPU-seconds, so only an extractor that
+# never returns (Essentia on some inputs) reaches it.
+ANALYSIS_TIME_LIMIT_S = 120.0
+
+
 class LabelOptions(Options):
     sample_ids: list[str] | None = None
     scope: Literal["all", "unlabeled"] = "unlabeled"
@@ -221,6 +227,7 @@ class LabelOptions(Options):
     merge_policy: MergePolicy = "fill_missing"
     caption: CaptionProviderChoice | None = None
     allow_empty: bool = False
+    analysis_time_limit_s: float = Field(default=ANALYSIS_TIME_LIMIT_S, gt=0)
 
 
 class GeniusOptions(Options):

@@ -6,7 +6,10 @@ Rules (HOT-Step `paths.ts` + Side-Step's extension list):
 - samples are sorted by relative path and capped at `MAX_SCAN_FILES`;
 - two audio files with one stem share one sidecar, so only the first by `AUDIO_PRIORITY` is kept
   and the others are reported. Stems are compared lower-cased: sample ids hash the lower-cased
-  path, and on case-insensitive disks `A.txt` and `a.txt` are one file.
+  path, and on case-insensitive disks `A.txt` and `a.txt` are one file;
+- a file with more than two channels (5.1, ...) is a sample with an error: preprocessing takes
+  only mono or stereo, so it is said here, at scan time, with the downmix that fixes it (and the
+  build leaves the sample out).
 
 The per-file work (`probe_sample`) is a top-level function of picklable arguments, so the Ray shell
 can fan it out by passing its own `map_fn`; here it defaults to the builtin `map`.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import posixpath
+import shlex
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +58,21 @@ PREVIEW_NAMES = 10
 class ScanResult:
     samples: list[Sample] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+
+
+def channel_problem(channels: int, rel_path: str = "") -> str:
+    """Why a file with `channels` channels cannot be trained on ("" for mono or stereo), with the
+    downmix that fixes it. Preprocessing refuses such files with the same first words
+    (`preprocess.audio_prep.check_channels`)."""
+    if channels in (1, 2):
+        return ""
+    name = posixpath.basename(rel_path) or "in.wav"
+    stem, ext = posixpath.splitext(name)
+    out = f"{stem}-stereo{ext or '.wav'}"
+    return (
+        f"{channels} channels: only mono or stereo is supported; downmix to stereo first, e.g. "
+        f"`ffmpeg -i {shlex.quote(name)} -ac 2 {shlex.quote(out)}`, and use that file instead"
+    )
 
 
 def ensure_folder(source: Storage) -> None:
@@ -157,9 +176,13 @@ def probe_sample(source: Storage | str, rel_path: str, probe: Probe = probe_audi
         return sample_from_sidecar(storage, rel_path, loaded, file_missing=True)
     duration = 0.0
     try:
-        duration = probe(storage, rel_path).duration_s
+        info = probe(storage, rel_path)
     except InputError as exc:
         errors.append(str(exc))
+    else:
+        duration = info.duration_s
+        if problem := channel_problem(info.channels, rel_path):
+            errors.append(problem)
     if not duration:  # unreadable audio: the sidecar's own duration is better than nothing
         duration = float(parse_duration(loaded.fields.get("duration")))
     return sample_from_sidecar(

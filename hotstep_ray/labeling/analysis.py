@@ -4,12 +4,19 @@ Each song is decoded once (soundfile), downmixed to mono and resampled to 44.1 k
 Essentia's extractors are tuned for — and every analyzer reads that one signal. Tags come from the
 same open file. The result is cached in the label record next to the file's size and mtime, so a
 relabel of an unchanged file does no audio work at all.
+
+Before any analyzer runs, the decoded audio must be usable: readable, mono or stereo, finite (no
+NaN or Inf sample), at least `MIN_DURATION_S` long and not silent. A file that fails is refused
+with the reason (`InputError`), and no analysis values are made up for it. Results outside what
+the extractors can honestly report (a tempo outside `MIN_BPM`..`MAX_BPM`, a key weaker than
+`KEY_STRENGTH_FLOOR`) are left out, with a note saying why.
 """
 
 from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -18,14 +25,39 @@ import soundfile as sf
 
 from hotstep_ray.audio.channels import to_mono
 from hotstep_ray.audio.resample import resample
+from hotstep_ray.core.contracts import ANALYSIS_TIME_LIMIT_S
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.labeling.audio_prep import ANALYSIS_RATE_HZ, essentia_standard
 from hotstep_ray.labeling.descriptors import describe
 from hotstep_ray.labeling.tags import clean_tags
 
-# Bump when the analysis changes meaning, so cached records are recomputed.
-ANALYSIS_VERSION = 1
+# Bump when the analysis changes meaning, so cached records are recomputed. 2: sanity bounds on
+# tempo and key, unusable audio refused.
+ANALYSIS_VERSION = 2
+# The widest tempo range Essentia's RhythmExtractor2013 can be asked to track: its parameters take
+# minTempo >= 40 and maxTempo <= 250 BPM (essentia.upf.edu/reference/std_RhythmExtractor2013.html).
+# The `degara` tracker does not clamp to them, and an estimate outside them comes from a signal
+# with no pulse (silence, a lone click), so it is not written.
+MIN_BPM, MAX_BPM = 40, 250
+# KeyExtractor's strength is the Pearson correlation between the song's 12-bin pitch-class profile
+# and the best key template (Essentia's tonal/key.cpp). Over 12 bins chance alone reaches 0.5
+# about one time in twenty (the one-tailed 5% critical r for n = 12 is 0.497), so a weaker match
+# writes no key.
+KEY_STRENGTH_FLOOR = 0.5
+# Shorter than one beat at the slowest tempo reported (60 / MIN_BPM seconds), a file holds no tempo
+# to measure and too little music to describe: it is refused rather than labeled from guesses.
+MIN_DURATION_S = 60.0 / MIN_BPM
+# A file whose loudest sample stays under -60 dBFS is silent: the same default noise floor ffmpeg's
+# `silencedetect` uses to call audio silence.
+SILENCE_PEAK_DBFS = -60.0
+NON_FINITE = "decoded audio contains NaN or Inf"  # preprocess's wording (preprocess/audio_prep.py)
+
+Stage = Callable[[str], None]
+
+
+def _no_stage(name: str) -> None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -69,6 +101,7 @@ class AudioFeatures:
     method: str = ""
     profile: str = ""
     version: int = ANALYSIS_VERSION
+    notes: tuple[str, ...] = ()  # why a value was left out (tempo out of range, weak key)
 
     @property
     def keyscale(self) -> str:
@@ -92,6 +125,7 @@ class AudioFeatures:
             "method": self.method,
             "profile": self.profile,
             "version": self.version,
+            "notes": list(self.notes),
         }
 
     @classmethod
@@ -107,6 +141,7 @@ class AudioFeatures:
             method=record.get("method") or "",
             profile=record.get("profile") or "",
             version=int(record.get("version") or 0),
+            notes=tuple(str(n) for n in record.get("notes") or ()),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -125,27 +160,78 @@ def _open(storage: Storage, key: str):
     return str(storage.local_path(key)) if storage.is_local else io.BytesIO(storage.read_bytes(key))
 
 
+def _refuse_empty(storage: Storage, key: str) -> None:
+    if storage.size(key) == 0:  # libsndfile would call it "Format not recognised"
+        raise InputError(f"cannot read audio {storage.url_of(key)}: the file is empty (0 bytes)")
+
+
+def header_problem(key: str, channels: int, duration_s: float) -> str:
+    """Why a file cannot be labeled, from its header alone ("" when it can)."""
+    if channels not in (1, 2):
+        # Imported here: the scan's module pulls in the contracts, which the analysis process
+        # would otherwise load on every start for a check that rarely fires.
+        from hotstep_ray.dataset.scan import channel_problem
+
+        return channel_problem(channels, key)
+    if duration_s < MIN_DURATION_S:
+        return (
+            f"too short to label: {duration_s:.2f} s (under {MIN_DURATION_S:g} s, one beat at "
+            f"{MIN_BPM} BPM)"
+        )
+    return ""
+
+
+def signal_problem(data: np.ndarray) -> str:
+    """Why decoded `[C, T]` (or `[T]`) audio cannot be analysed ("" when it can): a NaN or Inf
+    sample (Essentia's key extractor never returns on one), or silence on every channel."""
+    if not np.all(np.isfinite(data)):
+        return NON_FINITE
+    peak = float(np.max(np.abs(data))) if data.size else 0.0
+    if peak == 0.0:
+        return "silent: every sample is zero"
+    peak_db = 20.0 * math.log10(peak)
+    if peak_db < SILENCE_PEAK_DBFS:
+        return f"silent: the loudest sample is at {peak_db:.1f} dBFS (under {SILENCE_PEAK_DBFS:g})"
+    return ""
+
+
 def decode_for_analysis(storage: Storage, key: str, max_duration_s: float = 0.0) -> DecodedSong:
-    """Tags, full duration and mono 44.1 kHz audio of one file, from a single open."""
+    """Tags, full duration and mono 44.1 kHz audio of one file, from a single open. Raises
+    `InputError` for a file that cannot be labeled (`header_problem`, `signal_problem`)."""
+    _refuse_empty(storage, key)
+    problem, data = "", None
     try:
         with sf.SoundFile(_open(storage, key)) as handle:
             rate, frames = handle.samplerate, handle.frames
             tags = clean_tags(handle.copy_metadata())
-            wanted = min(frames, int(max_duration_s * rate)) if max_duration_s > 0 else frames
-            data = handle.read(wanted, dtype="float32", always_2d=True)
+            # Checked before decoding: a long multichannel file is refused without reading it.
+            problem = header_problem(key, handle.channels, frames / float(rate))
+            if not problem:
+                wanted = min(frames, int(max_duration_s * rate)) if max_duration_s > 0 else frames
+                data = handle.read(wanted, dtype="float32", always_2d=True)
     except Exception as exc:  # libsndfile raises RuntimeError subclasses for unknown formats
         raise InputError(f"cannot decode audio {storage.url_of(key)}: {exc}") from exc
+    # Before the downmix: out-of-phase channels cancel in mono but are not silence.
+    problem = problem or signal_problem(data)
+    if problem:
+        raise InputError(problem)
     mono = resample(to_mono(data.T), int(rate), ANALYSIS_RATE_HZ)
     return DecodedSong(mono, frames / float(rate), tags)
 
 
 def read_tags(storage: Storage, key: str) -> tuple[dict[str, str], float]:
-    """Tags and duration from the header only (when Essentia is off there is no decode)."""
+    """Tags and duration from the header only (when Essentia is off there is no decode). Raises
+    `InputError` for a file whose header already says it cannot be labeled."""
+    _refuse_empty(storage, key)
     try:
         with sf.SoundFile(_open(storage, key)) as handle:
-            return clean_tags(handle.copy_metadata()), handle.frames / float(handle.samplerate)
+            tags, channels = clean_tags(handle.copy_metadata()), handle.channels
+            duration = handle.frames / float(handle.samplerate)
     except Exception as exc:
         raise InputError(f"cannot read audio {storage.url_of(key)}: {exc}") from exc
+    if problem := header_problem(key, channels, duration):
+        raise InputError(problem)
+    return tags, duration
 
 
 def round_bpm(bpm: float) -> int | None:
@@ -166,6 +252,9 @@ def essentia_available() -> bool:
 class EssentiaAnalyzer:
     """BPM (RhythmExtractor2013), key (KeyExtractor) and descriptors of a song.
 
+    `time_limit_s` bounds one song's analysis when it runs through `analyze_file` in a helper
+    process (`isolation`), as the label job does.
+
     `degara` is the default rhythm method: on steady music it lands within 0.1 BPM of
     `multifeature` at a quarter of the cost (0.7 vs 2.9 CPU-s on a 4-minute song). `edma` is the
     key profile the seed reads (`tonal.key_edma`). Songs longer than `max_duration_s` are analysed
@@ -175,34 +264,63 @@ class EssentiaAnalyzer:
     rhythm_method: str = "degara"
     key_profile: str = "edma"
     max_duration_s: float = 600.0
+    time_limit_s: float = ANALYSIS_TIME_LIMIT_S
 
-    def analyze_signal(self, mono: np.ndarray, duration_s: float | None = None) -> AudioFeatures:
-        es = essentia_standard()
+    def analyze_signal(
+        self, mono: np.ndarray, duration_s: float | None = None, stage: Stage = _no_stage
+    ) -> AudioFeatures:
+        """Tempo, key and descriptors of mono 44.1 kHz audio; `stage` is told each step's name
+        as it starts (for a timeout message). Refuses non-finite audio: Essentia's key extractor
+        never returns on a NaN sample."""
         mono = np.ascontiguousarray(mono, dtype=np.float32)
+        if not np.all(np.isfinite(mono)):
+            raise InputError(NON_FINITE)
+        es = essentia_standard()
         seconds = duration_s if duration_s is not None else len(mono) / ANALYSIS_RATE_HZ
         if len(mono) < ANALYSIS_RATE_HZ:  # under a second: no tempo or key worth reporting
             return AudioFeatures(seconds, method=self.rhythm_method, profile=self.key_profile)
+        notes: list[str] = []
+        stage("tempo analysis")
         bpm_raw = float(es.RhythmExtractor2013(method=self.rhythm_method)(mono)[0])
+        bpm = round_bpm(bpm_raw)
+        if bpm is not None and not MIN_BPM <= bpm <= MAX_BPM:
+            notes.append(
+                f"no tempo written: the estimate ({bpm_raw:.1f} BPM) is outside "
+                f"{MIN_BPM}-{MAX_BPM} BPM"
+            )
+            bpm = None
+        stage("key analysis")
         key, scale, strength = es.KeyExtractor(
             profileType=self.key_profile, sampleRate=ANALYSIS_RATE_HZ
         )(mono)
-        bpm = round_bpm(bpm_raw)
+        key, scale, strength = str(key), str(scale).lower(), float(strength)
+        if strength < KEY_STRENGTH_FLOOR:
+            notes.append(
+                f"no key written: the best match ({key} {scale}) has strength {strength:.2f}, "
+                f"under {KEY_STRENGTH_FLOOR:g}"
+            )
+            key = scale = ""
+        stage("descriptors")
         return AudioFeatures(
             duration_s=seconds,
             bpm=bpm,
             bpm_raw=bpm_raw,
-            key=str(key),
-            scale=str(scale).lower(),
-            key_strength=float(strength),
+            key=key,
+            scale=scale,
+            key_strength=strength,
             descriptors=describe(mono, ANALYSIS_RATE_HZ, bpm),
             method=self.rhythm_method,
             profile=self.key_profile,
+            notes=tuple(notes),
         )
 
-    def analyze(self, storage: Storage, key: str) -> tuple[AudioFeatures, dict[str, str]]:
-        """Decode `key` once and analyse it; returns (features, tags)."""
+    def analyze(
+        self, storage: Storage, key: str, stage: Stage = _no_stage
+    ) -> tuple[AudioFeatures, dict[str, str]]:
+        """Decode `key` once, check it is usable, and analyse it; returns (features, tags)."""
+        stage("decoding")
         song = decode_for_analysis(storage, key, self.max_duration_s)
-        return self.analyze_signal(song.mono, song.duration_s), song.tags
+        return self.analyze_signal(song.mono, song.duration_s, stage), song.tags
 
     def cached(self, record: dict[str, Any], stamp: FileStamp) -> AudioFeatures | None:
         """The features stored in a label record, if they describe this exact file and were made
@@ -217,3 +335,11 @@ class EssentiaAnalyzer:
             self.key_profile,
         )
         return features if same else None
+
+
+def analyze_file(
+    analyzer: EssentiaAnalyzer, source_url: str, key: str, stage: Stage = _no_stage
+) -> tuple[AudioFeatures, dict[str, str]]:
+    """`analyzer.analyze` of `key` under the folder `source_url`, in a form `isolation` can send
+    to its helper process (a module-level function of picklable arguments)."""
+    return analyzer.analyze(Storage(source_url), key, stage)

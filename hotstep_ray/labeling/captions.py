@@ -47,6 +47,7 @@ class CaptionRequest:
     lyrics: str = ""  # the lyrics this pass settled on (for the excerpt and vocal wording)
     is_instrumental: bool | None = None  # None: not known
     features: AudioFeatures | None = None
+    analysis_error: str = ""  # why there are no features, when the analysis failed
     source_url: str = ""  # folder of the song, for providers that listen
     rel_path: str = ""
     include_lyrics_excerpt: bool = True
@@ -217,7 +218,9 @@ class OfflineCaptioner:
     def caption(self, request: CaptionRequest) -> CaptionResult:
         features = request.features
         if features is None:
-            raise ProviderError("offline captioner needs the audio analysis (enable Essentia)")
+            # Say the real reason: the analysis may have run and failed (bad audio, a timeout).
+            why = request.analysis_error or "Essentia analysis is off (enable it: --essentia)"
+            raise ProviderError(f"offline captioner needs the audio analysis: {why}")
         return CaptionResult({"caption": compose_caption(features, request)}, self.name, self.model)
 
 

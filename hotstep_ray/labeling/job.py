@@ -12,6 +12,9 @@ Persistence and resume:
   `.bak`), then the label record (status, error, provenance, labeledAt).
 - "Labeled" means the sidecar has a caption, so a job killed half-way and rerun with
   `scope=unlabeled` picks up exactly the samples that did not finish.
+- A sample whose Pass A failed (unreadable, NaN or Inf samples, silent, too short, more than two
+  channels, over the analysis time limit) gets no sidecar written or changed — no values are
+  made up for audio that cannot train — and its record says why (`error`, `analysisError`).
 
 One label run per dataset at a time: a run holds the dataset's lock (`core.locks.label_lock`)
 from before it selects its samples until it ends, and a second one refuses at once.
@@ -197,7 +200,12 @@ class _LabelRun:
 
     # -- after Pass A --------------------------------------------------------------------------
     def analysed(self, work: SampleWork) -> SampleWork:
-        """Persist fresh analysis right away, so a kill after this point never redoes it."""
+        """Persist fresh analysis right away, so a kill after this point never redoes it; report
+        values the analysis left out."""
+        for note in work.features.notes if work.features else ():
+            message = f"{work.rel_path}: {note}"
+            self.report.warnings.append(message)
+            self.log.log(message, level="warn")
         if not work.from_cache and not work.analysis_error:
             self.report.analysed += work.features is not None
             patch: dict[str, Any] = {"relPath": work.rel_path, "tags": work.tags}
@@ -227,23 +235,13 @@ class _LabelRun:
         record status and provenance."""
         errors = list(work.errors)
         record: dict[str, Any] = {"relPath": work.rel_path}
-        try:
-            fresh = dict(load_sidecar(self.source, stem_key(work.rel_path)).fields)
-            stored = read_label(self.storage, self.summary.slug, work.sample_id)
-            merged = merge_fields(
-                fresh,
-                current_sources(fresh, stored),
-                proposals_for(work),
-                self.options.merge_policy,
-                self.language,
-            )
-            if merged.written:
-                write_sidecar(self.source, sidecar_key(work.rel_path), merged.fields)
-            record["sources"] = merged.sources
-            captioned = bool(str(merged.fields.get("caption") or "").strip())
-        except Exception as exc:  # e.g. a value the sidecar format cannot hold
-            errors.append(f"write: {exc}")
-            captioned = False
+        captioned = False
+        # An unusable sample's sidecar is left as it is (see the module docstring).
+        if work.usable:
+            try:
+                record["sources"], captioned = self._merge(work)
+            except Exception as exc:  # e.g. a value the sidecar format cannot hold
+                errors.append(f"write: {exc}")
         status = "labeled" if captioned else ("error" if errors else "unlabeled")
         record.update(
             labelStatus=status,
@@ -275,6 +273,21 @@ class _LabelRun:
             )
         )
         self._progress("writing", work.sample_id)
+
+    def _merge(self, work: SampleWork) -> tuple[dict[str, str], bool]:
+        """Write the steps' proposals into the sidecar; (provenance, whether it has a caption)."""
+        fresh = dict(load_sidecar(self.source, stem_key(work.rel_path)).fields)
+        stored = read_label(self.storage, self.summary.slug, work.sample_id)
+        merged = merge_fields(
+            fresh,
+            current_sources(fresh, stored),
+            proposals_for(work),
+            self.options.merge_policy,
+            self.language,
+        )
+        if merged.written:
+            write_sidecar(self.source, sidecar_key(work.rel_path), merged.fields)
+        return merged.sources, bool(str(merged.fields.get("caption") or "").strip())
 
     def _count(self, sample_id: str, status: str, error: str) -> None:
         if status == "labeled":
@@ -392,7 +405,7 @@ def label_dataset_locked(
         job.events.log(f"labeling {len(samples)} sample(s) of {slug!r}: {', '.join(steps)}")
         run = _LabelRun(storage, detail, options, providers, job.events, len(samples))
         report = run.run(samples, executors)
-        report.job_id, report.warnings = job.id, warnings
+        report.job_id, report.warnings = job.id, warnings + report.warnings
         _update_summary(storage, slug)
         job.events.log(
             f"{report.labeled} labeled, {report.failed} failed, {report.unlabeled} without caption"

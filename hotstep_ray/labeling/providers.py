@@ -64,7 +64,7 @@ def resolve_providers(
     analyzer = None
     if options.use_essentia:
         if essentia_available():
-            analyzer = EssentiaAnalyzer()
+            analyzer = EssentiaAnalyzer(time_limit_s=options.analysis_time_limit_s)
         else:
             unavailable("use_essentia", "Essentia is not installed")
 

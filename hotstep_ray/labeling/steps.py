@@ -3,6 +3,10 @@
 A step never raises for a sample's own trouble (bad audio, no lyrics, a provider outage): it
 records the problem on the work item and hands it on, so a map over many samples — builtin `map`
 or a Ray actor pool — always runs to the end. Only a bug or a kill stops it.
+
+Pass A runs in a helper process with a time limit (`isolation`): Essentia's C++ can loop forever
+on a bad input, and only a process can be stopped mid-call. A sample whose Pass A failed (audio
+that cannot be used, a timeout) skips Pass B: nothing is asked about audio that will not train.
 """
 
 from __future__ import annotations
@@ -12,7 +16,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.labeling.analysis import AudioFeatures, EssentiaAnalyzer, FileStamp, read_tags
+from hotstep_ray.labeling.analysis import (
+    AudioFeatures,
+    EssentiaAnalyzer,
+    FileStamp,
+    analyze_file,
+    read_tags,
+)
 from hotstep_ray.labeling.captions import CaptionProvider, CaptionRequest, CaptionResult
 from hotstep_ray.labeling.genius import (
     GeniusClient,
@@ -20,6 +30,7 @@ from hotstep_ray.labeling.genius import (
     GeniusNotFoundError,
     LyricsMatch,
 )
+from hotstep_ray.labeling.isolation import run_isolated
 from hotstep_ray.labeling.tags import identify
 
 
@@ -56,6 +67,11 @@ class SampleWork:
         return self.rel_path.rsplit("/", 1)[-1]
 
     @property
+    def usable(self) -> bool:
+        """Pass A found nothing that rules the sample out, so Pass B may run for it."""
+        return not self.analysis_error
+
+    @property
     def errors(self) -> list[str]:
         out = [f"analysis: {self.analysis_error}"] if self.analysis_error else []
         if self.lyrics_failed:
@@ -71,8 +87,10 @@ def _describe(exc: BaseException) -> str:
 
 @dataclass(frozen=True)
 class AnalyzeStep:
-    """Pass A: tags and duration always; BPM/key/descriptors when an analyzer is given. Work
-    that arrives with cached results (`from_cache`) passes straight through."""
+    """Pass A: tags and duration always; BPM/key/descriptors when an analyzer is given, in this
+    process's helper process within `analyzer.time_limit_s`. Work that arrives with cached
+    results (`from_cache`) passes straight through. Without an analyzer only the header is read
+    (no decode, no C++ that could hang), here."""
 
     analyzer: EssentiaAnalyzer | None = None
 
@@ -80,13 +98,13 @@ class AnalyzeStep:
         if work.from_cache:
             return work
         started = time.perf_counter()
-        storage = Storage(work.source_url)
         try:
             if self.analyzer is not None:
-                features, tags = self.analyzer.analyze(storage, work.rel_path)
+                args = (self.analyzer, work.source_url, work.rel_path)
+                features, tags = run_isolated(analyze_file, args, self.analyzer.time_limit_s)
                 work = replace(work, features=features, tags=tags, duration_s=features.duration_s)
             else:
-                tags, duration = read_tags(storage, work.rel_path)
+                tags, duration = read_tags(Storage(work.source_url), work.rel_path)
                 work = replace(work, tags=tags, duration_s=duration)
         except Exception as exc:
             work = replace(work, analysis_error=_describe(exc))
@@ -102,7 +120,7 @@ class GeniusStep:
         return replace(self, client=self.client.for_concurrency(copies))
 
     def __call__(self, work: SampleWork) -> SampleWork:
-        if not work.want_genius:
+        if not work.want_genius or not work.usable:
             return work
         started = time.perf_counter()
         who = identify(work.tags, work.filename, work.default_artist)
@@ -150,13 +168,14 @@ class CaptionStep:
             lyrics=winning_lyrics(work),
             is_instrumental=instrumental,
             features=features,
+            analysis_error=work.analysis_error,
             source_url=work.source_url,
             rel_path=work.rel_path,
             include_lyrics_excerpt=self.include_lyrics_excerpt,
         )
 
     def __call__(self, work: SampleWork) -> SampleWork:
-        if not work.want_caption:
+        if not work.want_caption or not work.usable:
             return work
         started = time.perf_counter()
         try:

@@ -5,11 +5,15 @@ from __future__ import annotations
 import os
 import sys
 
+import numpy as np
 import pytest
+import soundfile as sf
 from ray import cloudpickle
 
-from hotstep_ray.core.contracts import LabelOptions
-from hotstep_ray.dataset.store import read_labels
+from hotstep_ray.core.contracts import CreateDatasetInput, LabelOptions
+from hotstep_ray.core.storage import Storage
+from hotstep_ray.dataset.ids import sample_id
+from hotstep_ray.dataset.store import create_dataset, read_labels
 from hotstep_ray.labeling.analysis import EssentiaAnalyzer
 from hotstep_ray.labeling.captions import OfflineCaptioner
 from hotstep_ray.labeling.genius import GeniusClient
@@ -102,3 +106,26 @@ def test_actor_pool_map_streams_lazily_and_caps_its_actors(ray_session):
         assert os.getpid() not in pids and len(pids) <= 2
     finally:
         pool.shutdown()
+
+
+def test_the_analysis_time_limit_holds_on_an_actor(ray_session, tmp_path):
+    # 10 s of 48 kHz stereo noise: decoding it and resampling it to 44.1 kHz takes far longer
+    # than the 1 ms limit, on any machine. Analysis only, so a single actor starts.
+    songs = tmp_path / "songs"
+    songs.mkdir()
+    noise = 0.1 * np.random.default_rng(0).standard_normal((10 * 48_000, 2))
+    sf.write(songs / "long.wav", noise.astype(np.float32), 48_000, subtype="PCM_16")
+    storage = Storage(tmp_path / "data")
+    slug = create_dataset(storage, CreateDatasetInput(source_dir=str(songs))).slug
+    providers = Providers(EssentiaAnalyzer(time_limit_s=0.001))
+
+    with LabelPools(PoolOptions(analysis_actors=1)) as pools:
+        report = label_dataset(
+            storage, slug, OPTIONS, providers=providers, executors=pools.executors
+        )
+
+    assert (report.labeled, report.failed) == (0, 1)
+    assert (
+        "took longer than 0.001 s (the analysis time limit)" in report.errors[sample_id("long.wav")]
+    )
+    assert list(songs.glob("*.txt")) == []
