@@ -25,14 +25,13 @@ from pydantic.alias_generators import to_camel
 
 from hotstep_ray.audition.errors import NotFoundError
 from hotstep_ray.audition.schemas import TriggerInfo
-from hotstep_ray.core import layout
+from hotstep_ray.core import layout, safetensors_header
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
 
 ROOT = "adapters"
 SIZE_OF_FOLDER = {folder: size for size, folder in layout.LM_SIZE_FOLDERS.items()}
 TRIGGER_KEYS = ("hot_step_trigger", "hot_step_trigger_position", "modelspec.trigger_phrase")
-_MAX_HEADER = 100 * 1024 * 1024
 
 
 @dataclass
@@ -59,29 +58,6 @@ class AdapterEntry:
 
 
 # -- safetensors header ----------------------------------------------------------------------
-def split_safetensors(data: bytes) -> tuple[dict, bytes]:
-    """(header dict, tensor payload) of a safetensors file's bytes."""
-    if len(data) < 8:
-        raise InputError("not a safetensors file (shorter than 8 bytes)")
-    (length,) = struct.unpack("<Q", data[:8])
-    if length > _MAX_HEADER or 8 + length > len(data):
-        raise InputError("not a safetensors file (header length out of range)")
-    return json.loads(data[8 : 8 + length]), data[8 + length :]
-
-
-def read_metadata(storage: Storage, key: str) -> dict[str, str]:
-    """`__metadata__` of a safetensors file, reading only its header."""
-    with storage.open(key) as handle:
-        head = handle.read(8)
-        if len(head) < 8:
-            raise InputError(f"{storage.url_of(key)}: not a safetensors file")
-        (length,) = struct.unpack("<Q", head)
-        if length > _MAX_HEADER:
-            raise InputError(f"{storage.url_of(key)}: header length {length} out of range")
-        header = json.loads(handle.read(length))
-    return header.get("__metadata__") or {}
-
-
 def weights_key(storage: Storage, folder: str) -> str | None:
     for name in layout.ADAPTER_WEIGHT_FILES:
         key = f"{folder}/{name}" if folder else name
@@ -130,7 +106,7 @@ def resolve_trigger(
         )
     key = weights_key(storage, folder)
     if key is not None:
-        found = embedded_trigger(read_metadata(storage, key))
+        found = embedded_trigger(safetensors_header.read_metadata(storage, key))
         if found:
             return TriggerInfo(word=found[0], placement=found[1], source="embedded", path=folder)
     word = folder_word(folder) if folder_fallback else ""
@@ -315,7 +291,7 @@ def restamp(data: bytes, updates: Mapping[str, str]) -> bytes:
     """New safetensors bytes with `updates` merged into `__metadata__`; the tensor payload is
     copied untouched (offsets are relative to it) and the header is space-padded so the payload
     starts on an 8-byte boundary."""
-    header, payload = split_safetensors(data)
+    header, payload = safetensors_header.split(data)
     meta = dict(header.pop("__metadata__", None) or {})
     meta.update(updates)
     text = json.dumps({"__metadata__": meta, **header}, separators=(",", ":"), ensure_ascii=False)
@@ -355,7 +331,7 @@ def stamp_triggers(
         if not word:
             word, source = folder_word(storage.full_path(file_key)), "folder"
         data = storage.read_bytes(file_key)
-        header, payload = split_safetensors(data)
+        header, payload = safetensors_header.split(data)
         meta = header.get("__metadata__") or {}
         current = {k: meta[k] for k in TRIGGER_KEYS if k in meta}
         wanted = {}
@@ -370,7 +346,7 @@ def stamp_triggers(
         written = False
         if write and changed:
             new = restamp(data, wanted)
-            new_header, new_payload = split_safetensors(new)
+            new_header, new_payload = safetensors_header.split(new)
             if hashlib.sha256(new_payload).hexdigest() != digest or (len(new) - len(payload)) % 8:
                 raise RuntimeError(f"{file_key}: restamp changed the tensor bytes; nothing written")
             if {k: v for k, v in new_header.items() if k != "__metadata__"} != {

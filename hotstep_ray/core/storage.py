@@ -148,6 +148,14 @@ class Storage:
         except FileNotFoundError as exc:
             raise StorageError(f"not found: {self.url_of(key)}") from exc
 
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of `key` (fewer at its end): a ranged GET on an object store, where
+        `open().read(n)` would fetch a whole default-sized block."""
+        try:
+            return self.fs.cat_file(self.full_path(key), start=start, end=end)
+        except FileNotFoundError as exc:
+            raise StorageError(f"not found: {self.url_of(key)}") from exc
+
     def read_text(self, key: str, encoding: str = "utf-8") -> str:
         return self.read_bytes(key).decode(encoding)
 

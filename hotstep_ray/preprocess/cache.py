@@ -23,6 +23,13 @@ Header metadata (all strings): `format`, the scalar fields of `SampleMeta` (prom
 source facts) as text, and `json` holding the same dict with its real types. Nothing here is
 ever unpickled: safetensors is read with `safetensors.torch.load`, and the `.pt` files are
 written for Side-Step only.
+
+The header is the sample's own record: its `settings_hash` (the run settings, model fingerprint
+and the sample's prompt fields, `plan.settings_hash`) and `checksum` (of the source file) say what
+the file was made from, whatever preprocess_meta.json claims. The planner checks it before it
+counts a file as cached (a killed run with other settings may have overwritten the file since the
+meta was written) and rebuilds a meta entry from it for a file a killed run wrote but never got to
+record (`entry_from_file`), so a rerun keeps every song that landed.
 """
 
 from __future__ import annotations
@@ -34,9 +41,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 
+from hotstep_ray.core import safetensors_header
 from hotstep_ray.core.contracts import LATENT_HZ
+from hotstep_ray.core.errors import HotstepError
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.preprocess.items import EncodedSample
 from hotstep_ray.preprocess.plan import FORMAT, SampleJob
@@ -65,6 +75,27 @@ PT_KEYS = (
     "encoder_hidden_states",
     "encoder_attention_mask",
     "context_latents",
+)
+# The source facts `stages.decode_job` records (checksum + `stages.audio_facts`): part of both
+# the header and the meta entry.
+SOURCE_FACTS = (
+    "checksum",
+    "source_rate_hz",
+    "source_channels",
+    "source_duration_s",
+    "truncated",
+    "gain_db",
+)
+# The header fields a meta entry repeats, in the entry's order.
+_ENTRY_FIELDS = (
+    "t_latent",
+    "s_total",
+    "s_text",
+    "s_lyric",
+    "s_text_genre",
+    "n_codes",
+    "duration_s",
+    "repeat",  # the DiT trainer's per-song epoch weight
 )
 _DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 _TAGS = {torch.float32: "F32", torch.bfloat16: "BF16", torch.int64: "I64", torch.float16: "F16"}
@@ -237,29 +268,36 @@ def build_outputs(
     if plan_info["sidestep_pt"]:
         pt_file = f"{job.stem}.pt"
         files[pt_file] = pt_bytes(tensors, job.pt_metadata)
-    entry = {
-        **_job_entry(job),
-        "ok": True,
-        "error": "",
-        "file": f"{job.stem}.safetensors",
-        "pt_file": pt_file,
-        "t_latent": frames,
-        "s_total": meta["s_total"],
-        "s_text": meta["s_text"],
-        "s_lyric": meta["s_lyric"],
-        "s_text_genre": meta["s_text_genre"],
-        "n_codes": meta["n_codes"],
-        "duration_s": meta["duration_s"],
-        "repeat": meta["repeat"],  # the DiT trainer's per-song epoch weight
-        "bytes": len(safetensors_data),
-        "stats": channel_sums(tensors["target_latents"]),
-        **prepared,
-    }
+    stats = channel_sums(tensors["target_latents"])
+    entry = sample_entry(job, meta, prepared, pt_file, len(safetensors_data), stats)
     line = {"sample_id": job.sample_id, "file": entry["file"]}
     line["codes"] = encoded.audio_codes.tolist()
     line.update({key: meta[key] for key in CODE_LINE_FIELDS})
     codes_line = json.dumps(line, ensure_ascii=False)
     return SampleOutputs(entry=entry, codes_line=codes_line, files=files)
+
+
+def sample_entry(
+    job: SampleJob,
+    header: dict[str, Any],
+    prepared: dict[str, Any],
+    pt_file: str | None,
+    size: int,
+    stats: dict[str, Any],
+) -> dict[str, Any]:
+    """The meta entry of a good sample: `header` its typed header metadata, `size` its
+    safetensors file's bytes, `stats` its `channel_sums`."""
+    return {
+        **_job_entry(job),
+        "ok": True,
+        "error": "",
+        "file": f"{job.stem}.safetensors",
+        "pt_file": pt_file,
+        **{name: header[name] for name in _ENTRY_FIELDS},
+        "bytes": size,
+        "stats": stats,
+        **prepared,
+    }
 
 
 def _job_entry(job: SampleJob) -> dict[str, Any]:
@@ -284,18 +322,52 @@ def failed_outputs(
 def write_outputs(
     storage: Storage, tensor_dir: str, job: SampleJob, outputs: SampleOutputs
 ) -> None:
-    """Write a sample's files atomically; drop a stale `.pt` the run no longer produces."""
-    for name, data in (outputs.files or {}).items():
-        storage.write_bytes(f"{tensor_dir}/{name}", data)
+    """Write a sample's files atomically, the safetensors last; drop a stale `.pt` the run no
+    longer produces. The safetensors header is what a rerun trusts, so a `.pt` is rewritten
+    only once the old safetensors is gone: a run killed between the two writes leaves no header
+    that vouches for another run's `.pt`."""
+    files = dict(outputs.files or {})
+    main = f"{job.stem}.safetensors"
+    data = files.pop(main, None)
+    if files:
+        storage.delete(f"{tensor_dir}/{main}")
+    for name, blob in files.items():
+        storage.write_bytes(f"{tensor_dir}/{name}", blob)
+    if data is not None:
+        storage.write_bytes(f"{tensor_dir}/{main}", data)
     if outputs.entry.get("ok") and not outputs.entry.get("pt_file"):
         storage.delete(f"{tensor_dir}/{job.stem}.pt")
+
+
+def read_header(storage: Storage, key: str) -> dict[str, Any] | None:
+    """The typed header metadata (`json`) of a cached sample, reading only the header (no
+    tensor bytes); None when the file is missing, truncated or not one of ours."""
+    try:
+        meta = json.loads(safetensors_header.read_metadata(storage, key).get("json") or "null")
+    except (HotstepError, OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def entry_from_file(
+    storage: Storage, key: str, job: SampleJob, header: dict[str, Any], pt_file: str | None
+) -> dict[str, Any] | None:
+    """The meta entry `build_outputs` made for the file at `key` (whose typed header is
+    `header`), rebuilt from the file: what a killed run wrote but never recorded in the meta.
+    Reads the tensors once, for the channel sums. None when the file does not hold them."""
+    try:
+        tensors, _ = read_sample(storage, key)
+        prepared = {name: header[name] for name in SOURCE_FACTS}
+        stats = channel_sums(tensors["target_latents"])
+        return sample_entry(job, header, prepared, pt_file, storage.size(key), stats)
+    except (HotstepError, OSError, ValueError, KeyError, SafetensorError):
+        return None
 
 
 def read_sample(storage: Storage, key: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(tensors, typed metadata) of one cached sample, without unpickling anything."""
     data = storage.read_bytes(key)
     tensors = load_safetensors(data)
-    header_len = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8 : 8 + header_len])
-    meta = json.loads(header.get("__metadata__", {}).get("json", "{}"))
+    header, _ = safetensors_header.split(data)
+    meta = json.loads((header.get("__metadata__") or {}).get("json", "{}"))
     return tensors, meta

@@ -2,7 +2,9 @@
 (`preprocess_meta.json`, `lm_codes.jsonl`, `channel_stats.json`). Shared by both executors.
 
 A file is rewritten only when its content changes (timestamps are not content), so a rerun that
-finds everything cached writes nothing at all.
+finds everything cached writes nothing at all. A killed run leaves these three files as they
+were; the next run's plan rebuilds the entries of the songs that landed from their own headers
+(`plan.make_plan`, "recovered"), so its meta is the one an uninterrupted run would have written.
 """
 
 from __future__ import annotations
@@ -42,6 +44,12 @@ class PreprocessResult(Contract):
     errors: dict[str, str] = Field(default_factory=dict)  # sample id -> error
     written: list[str] = Field(default_factory=list)  # sample ids (re)written by this run
     removed: list[str] = Field(default_factory=list)  # sample ids dropped from the dataset
+    # sample ids whose cached file held other settings than the meta said: re-encoded
+    stale: list[str] = Field(default_factory=list)
+    # sample ids a killed run had encoded but not recorded: kept from their files (in `cached`)
+    recovered: list[str] = Field(default_factory=list)
+    # sample ids outside `sample_ids` whose file disagreed with their entry: entry and file gone
+    dropped: list[str] = Field(default_factory=list)
 
 
 def _now() -> str:
@@ -121,6 +129,8 @@ def finalize(
     _sweep(storage, tensor_dir, entries)
 
     old_lines = _old_code_lines(storage, f"{tensor_dir}/{CODES_FILE}")
+    for sid in plan.recovered:  # an old line is another run's codes: rebuilt from the file
+        old_lines.pop(sid, None)
     lines = []
     for entry in entries:
         if not entry.get("ok"):
@@ -185,4 +195,7 @@ def finalize(
         errors=failed,
         written=written,
         removed=[old["sample_id"] for old in plan.removed],
+        stale=list(plan.stale),
+        recovered=list(plan.recovered),
+        dropped=list(plan.dropped),
     )

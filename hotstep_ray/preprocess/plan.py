@@ -5,6 +5,15 @@ A sample is redone when it is new, its output file is gone, its source file's si
 changed, or its settings hash changed (run options that change tensors, the model fingerprint,
 and the sample's own prompt fields). A sample that failed before and is unchanged keeps its
 recorded error (`overwrite` retries it). Both executors (plain and Ray) run the same plan.
+
+The meta is not taken on trust: each file it counts as cached must carry the same settings hash
+in its own safetensors header (read without the tensors), else it is redone ("stale": a run with
+other settings was killed after overwriting it). The header is also the record of a song that a
+killed run encoded but never got to put in the meta: a sample that would be redone ("new",
+"changed", "settings") whose file is not the one its entry describes but has this run's settings
+hash and its source file's checksum is kept as it is ("recovered"). A sample outside `sample_ids` keeps its entry only while
+its file agrees with it; otherwise the entry and the file go ("dropped"), and the next run over
+that sample encodes it.
 """
 
 from __future__ import annotations
@@ -88,7 +97,7 @@ class SampleJob:
     tag_position: str
     pt_metadata: dict[str, Any]
     settings_hash: str
-    reason: str = "new"  # new | changed | settings | missing | overwrite | retry
+    reason: str = "new"  # new | changed | settings | missing | stale | overwrite
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False, default=str)
@@ -112,6 +121,12 @@ class RunPlan:
     order: list[str]  # every sample id of the variant, in file order
     previous: dict[str, Any] | None = None
     removed: list[dict[str, Any]] = field(default_factory=list)  # entries of dropped samples
+    # sample ids whose cached file holds other settings than its entry (re-encoded)
+    stale: list[str] = field(default_factory=list)
+    # sample ids kept from a file no meta entry vouched for (a killed run's), now in `carried`
+    recovered: list[str] = field(default_factory=list)
+    # sample ids outside `sample_ids` whose file disagrees with their entry (entry and file go)
+    dropped: list[str] = field(default_factory=list)
 
 
 def safe_stem(rel_path: str, sample_id: str) -> str:
@@ -221,6 +236,75 @@ def _reason(
     return None
 
 
+# Reasons to redo a sample that a file already holding this run's result can answer.
+_RECOVERABLE = ("new", "changed", "settings")
+
+
+def _file_agrees(storage: Storage, tensor_dir: str, entry: dict[str, Any], want: str) -> bool:
+    """Whether a good entry's file says, in its own header, that it holds sample
+    `entry["sample_id"]` made with settings hash `want`. Failed entries have no file."""
+    from hotstep_ray.preprocess.cache import read_header  # cache imports this module
+
+    if not entry.get("ok"):
+        return True
+    header = read_header(storage, f"{tensor_dir}/{entry.get('file')}")
+    return (
+        header is not None
+        and header.get("settings_hash") == want
+        and header.get("sample_id") == entry["sample_id"]
+    )
+
+
+def _source_checksum(job: SampleJob, old: dict[str, Any] | None) -> str | None:
+    """sha256 of the job's source file: the previous entry's when the file's size and mtime are
+    the ones it recorded (the same test that keeps a cached sample), else read now."""
+    from hotstep_ray.preprocess.cache import file_checksum
+
+    if old and (old.get("src_size"), old.get("src_mtime_ns")) == (job.src_size, job.src_mtime_ns):
+        if old.get("checksum"):
+            return old["checksum"]
+    if job.src_size < 0:
+        return None
+    try:
+        return file_checksum(Storage(job.source_root), job.source_key)
+    except (OSError, StorageError):
+        return None
+
+
+def _recover(
+    storage: Storage,
+    tensor_dir: str,
+    job: SampleJob,
+    old: dict[str, Any] | None,
+    present: set[str],
+    opts: PreprocessRunOptions,
+) -> dict[str, Any] | None:
+    """The entry of a file that already holds what `job` would write (a killed run encoded it
+    and never wrote the meta), or None. Its header must carry the job's settings hash and the
+    source's current checksum, and be another file than the one `old` describes (a file the meta
+    already knew gets no second chance: a touched source is redone as it always was); with
+    `sidestep_pt` the `.pt` must be there too (`write_outputs` writes it before the
+    safetensors)."""
+    from hotstep_ray.preprocess.cache import entry_from_file, read_header
+
+    name = f"{job.stem}.safetensors"
+    pt_file = f"{job.stem}.pt" if opts.sidestep_pt else None
+    if name not in present or (pt_file and pt_file not in present):
+        return None
+    key = f"{tensor_dir}/{name}"
+    header = read_header(storage, key)
+    if header is None or header.get("settings_hash") != job.settings_hash:
+        return None
+    if header.get("sample_id") != job.sample_id:
+        return None
+    made = (header.get("settings_hash"), header.get("checksum"))
+    if old and made == (old.get("settings_hash"), old.get("checksum")):
+        return None  # the file the meta already describes: the reason to redo it stands
+    if header.get("checksum") != _source_checksum(job, old):
+        return None
+    return entry_from_file(storage, key, job, header, pt_file)
+
+
 def make_plan(
     storage: Storage,
     slug: str,
@@ -256,16 +340,22 @@ def make_plan(
     jobs: list[SampleJob] = []
     carried: dict[str, dict[str, Any]] = {}
     order: list[str] = []
+    stale: list[str] = []
+    recovered: list[str] = []
+    dropped: list[str] = []
     tag_position = plan.effective_metadata["tag_position"]
     for entry in plan.entries:
         root, key, rel_path = _source_location(source, entry.path)
         sid = make_sample_id(rel_path)
         order.append(sid)
         if wanted is not None and sid not in wanted:
-            if sid in old_entries:
-                carried[sid] = old_entries[sid]
-            else:
+            old = old_entries.get(sid)
+            if old is None:
                 order.pop()
+            elif _file_agrees(storage, tensor_dir, old, old.get("settings_hash", "")):
+                carried[sid] = old
+            else:  # not this run's to encode, and its entry no longer describes its file
+                dropped.append(sid)
             continue
         size, mtime = _stat(root, key)
         fields = {name: entry.record.get(name) for name in _RECORD_FIELDS}
@@ -288,9 +378,19 @@ def make_plan(
             pt_metadata=entry.pt_metadata,
             settings_hash=settings_hash(settings, fields),
         )
-        reason = _reason(job, old_entries.get(sid), present, opts)
+        old = old_entries.get(sid)
+        reason = _reason(job, old, present, opts)
+        if reason is None and not _file_agrees(storage, tensor_dir, old, job.settings_hash):
+            reason = "stale"
+            stale.append(sid)
+        if reason in _RECOVERABLE:
+            found = _recover(storage, tensor_dir, job, old, present, opts)
+            if found is not None:
+                carried[sid] = found
+                recovered.append(sid)
+                continue
         if reason is None:
-            carried[sid] = old_entries[sid]
+            carried[sid] = old
         else:
             job.reason = reason
             jobs.append(job)
@@ -311,4 +411,7 @@ def make_plan(
         order=order,
         previous=previous,
         removed=removed,
+        stale=stale,
+        recovered=recovered,
+        dropped=dropped,
     )

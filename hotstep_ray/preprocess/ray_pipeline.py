@@ -6,7 +6,9 @@ as file bytes. The actor pool autoscales between `min_actors` and `max_actors`, 
 job can grow the cluster (Ray's autoscaler adds GPU nodes for pending actors). A fractional
 `num_gpus_per_actor` (0.25) packs several actors on one GPU; each needs < 8 GiB at the default
 VAE window batch. The driver only plans, streams results for progress events and writes the
-three variant files, exactly as the plain path does (`run.finalize`).
+three variant files, exactly as the plain path does (`run.finalize`). Each write task's file is
+its song's own record (the safetensors header, see `plan.make_plan`), so a driver killed midway
+keeps every song whose row was written, as the plain path does.
 
 Checkpoint folders are read by the actors from local paths: on a multi-node cluster they must
 exist at the same path on every GPU node (shared filesystem or a pre-synced folder).

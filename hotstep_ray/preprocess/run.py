@@ -3,11 +3,17 @@
 The plain path encodes samples (shortest first) in batches of `batch_size`, decoding the next
 batch on threads meanwhile, writes each sample's files as soon as they exist, and finally writes
 the variant files. Models load only when there is something to encode, so a fully cached rerun
-costs a dataset.json read, a listing and a few header reads.
+costs a dataset.json read, a listing and one header read per song (no tensor bytes).
+
+Every song's files land as soon as it is encoded, and each safetensors header records what the
+file was made from, so a run killed midway (SIGKILL, Ctrl-C, a lost node) keeps what it wrote: the
+next run's plan counts those files as cached by their headers, and re-encodes any cached file
+whose header holds other settings than this run's (`plan.make_plan`).
 
 A run holds the (dataset, variant) lock (`core.locks.preprocess_lock`) from before it plans until
 it ends: a second run on the same variant refuses at once instead of encoding every song again
-and racing the first on the same files.
+and racing the first on the same files, whatever its settings or `sample_ids` (the variant key,
+which alone names the folder, is the DiT folder's name or `output_dir`).
 """
 
 from __future__ import annotations
@@ -94,14 +100,7 @@ def _preprocess_locked(
     """`preprocess_dataset` once its lock is held."""
     plan = make_plan(storage, slug, options, str(checkpoints_dir), events)
     if events:
-        reasons: dict[str, int] = {}
-        for job in plan.jobs:
-            reasons[job.reason] = reasons.get(job.reason, 0) + 1
-        detail = ", ".join(f"{n} {why}" for why, n in sorted(reasons.items())) or "nothing"
-        events.log(
-            f"variant {plan.paths.variant_key}: {len(plan.jobs)} to encode ({detail}), "
-            f"{len(plan.carried)} cached"
-        )
+        _log_plan(plan, events)
     outputs: dict[str, SampleOutputs] = {}
     if plan.jobs:
         if executor == "ray":
@@ -112,6 +111,31 @@ def _preprocess_locked(
         else:
             outputs = run_local(storage, plan, events, batch_size, vae_batch_frames, device)
     return finalize(storage, plan, outputs, events)
+
+
+def _log_plan(plan: RunPlan, events: EventLog) -> None:
+    reasons: dict[str, int] = {}
+    for job in plan.jobs:
+        reasons[job.reason] = reasons.get(job.reason, 0) + 1
+    detail = ", ".join(f"{n} {why}" for why, n in sorted(reasons.items())) or "nothing"
+    recovered = f" ({len(plan.recovered)} left by an interrupted run)" if plan.recovered else ""
+    events.log(
+        f"variant {plan.paths.variant_key}: {len(plan.jobs)} to encode ({detail}), "
+        f"{len(plan.carried)} cached{recovered}"
+    )
+    if plan.stale:
+        were = "was" if len(plan.stale) == 1 else "were"
+        events.log(f"{_files(plan.stale)} {were} made with other settings: re-encoding", "warn")
+    if plan.dropped:
+        events.log(
+            f"dropped {_files(plan.dropped)} outside this run's samples: their headers disagree "
+            "with their entries (a run over those samples encodes them)",
+            "warn",
+        )
+
+
+def _files(ids: list[str]) -> str:
+    return f"{len(ids)} cached file" + ("" if len(ids) == 1 else "s")
 
 
 def run_local(

@@ -38,7 +38,6 @@ import math
 import os
 import re
 import statistics
-import struct
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
@@ -50,6 +49,7 @@ from safetensors.torch import save as save_safetensors_bytes
 from torch import nn
 
 from hotstep_ray import __version__
+from hotstep_ray.core import safetensors_header
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.training import adapters
@@ -347,12 +347,6 @@ def export_adapter(
 
 
 # -- readers -------------------------------------------------------------------------------------
-def safetensors_metadata(data: bytes) -> dict[str, str]:
-    """`__metadata__` of a safetensors payload (8-byte little-endian header length, JSON header)."""
-    (length,) = struct.unpack("<Q", data[:8])
-    return json.loads(data[8 : 8 + length]).get("__metadata__", {}) or {}
-
-
 def read_adapter_file(
     src: Storage | str | os.PathLike[str], key: str = ""
 ) -> tuple[str, dict[str, torch.Tensor], dict[str, str]]:
@@ -361,7 +355,7 @@ def read_adapter_file(
     for kind, name in (("lora", LORA_WEIGHTS_FILE), ("lokr", LOKR_WEIGHTS_FILE)):
         if storage.exists(_join(key, name)):
             data = storage.read_bytes(_join(key, name))
-            return kind, load_safetensors_bytes(data), safetensors_metadata(data)
+            return kind, load_safetensors_bytes(data), safetensors_header.metadata_of(data)
     raise InputError(f"no {LORA_WEIGHTS_FILE} or {LOKR_WEIGHTS_FILE} at {storage.url_of(key)}")
 
 

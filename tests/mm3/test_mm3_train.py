@@ -178,10 +178,10 @@ def test_export_filter_zeroes_qk_rows_and_drops_the_projections(tmp_path):
     key = export_comfy(model, storage, "mm3_lora.safetensors", trigger="zx9")
     from safetensors.torch import load as load_bytes
 
-    from hotstep_ray.training.export import safetensors_metadata
+    from hotstep_ray.core.safetensors_header import metadata_of
 
     data = storage.read_bytes(key)
-    tensors, meta = load_bytes(data), safetensors_metadata(data)
+    tensors, meta = load_bytes(data), metadata_of(data)
     assert all(k.startswith(COMFY_PREFIX) for k in tensors)
     assert f"{COMFY_PREFIX}layers.0.self_attn.to_qkv.lora_B.weight" in tensors
     assert meta["hot_step_trigger"] == "zx9" and meta["rank"] == "4"

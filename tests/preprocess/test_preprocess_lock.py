@@ -47,6 +47,24 @@ def test_a_second_run_on_the_same_variant_refuses_before_any_work(dataset, tiny_
         assert line.endswith(f"wait for it or remove {storage.url_of(key)} if it died")
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        PreprocessRunOptions(sample_ids=["whatever"]),  # a run over some samples only
+        PreprocessRunOptions(dtype="bf16", max_duration_s=6.0),  # other tensor settings
+    ],
+    ids=["sample-ids", "other-settings"],
+)
+def test_runs_with_other_settings_or_samples_take_the_same_lock(dataset, tiny_ckpt, options):
+    """Neither settings nor `sample_ids` name the folder, so neither may name the lock: two such
+    runs would write the same files."""
+    storage, slug = dataset
+    with preprocess_lock(storage, slug, VARIANT, heartbeat_s=0):
+        with pytest.raises(LockHeldError):
+            preprocess_dataset(storage, slug, options, tiny_ckpt)
+    assert not storage.exists(layout.tensor_dir(slug, VARIANT))
+
+
 def test_a_failing_run_releases_the_lock(dataset, tiny_ckpt):
     storage, slug = dataset
     bad = PreprocessRunOptions(vae_chunk_frames=64, vae_overlap_frames=40)  # refused when planned

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from hotstep_ray.core import safetensors_header
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.training import adapters, export
 from hotstep_ray.training.adapters import AdapterSpec
@@ -169,7 +170,7 @@ def test_lokr_export_loads_into_lycoris_with_the_same_delta(tmp_path, make_toy, 
         torch.int16
     )
     assert kept.view(torch.int16) == torch.tensor(4.0).bfloat16().view(torch.int16)
-    meta = export.safetensors_metadata(path.read_bytes())
+    meta = safetensors_header.metadata_of(path.read_bytes())
     assert (meta["format"], meta["algo"]) == ("lycoris", "lokr")
     config = json.loads(meta["lokr_config"])
     assert (config["linear_dim"], config["linear_alpha"], config["factor"]) == (8, 4, 4)
@@ -188,7 +189,7 @@ def test_lokr_with_both_factors_split_loads_into_lycoris(tmp_path, make_toy, ran
     path = tmp_path / "run" / export.LOKR_WEIGHTS_FILE
     names = {key.rsplit(".", 1)[1] for key in load_file(path) if "to_q" in key}
     assert names == {"lokr_w1_a", "lokr_w1_b", "lokr_w2_a", "lokr_w2_b", "alpha"}
-    config = json.loads(export.safetensors_metadata(path.read_bytes())["lokr_config"])
+    config = json.loads(safetensors_header.metadata_of(path.read_bytes())["lokr_config"])
     assert config["decompose_both"] is True
     _lycoris_reproduces_the_delta(trained, tmp_path, make_toy, config)
 
