@@ -48,8 +48,7 @@ from hotstep_ray.core import safetensors_header
 from hotstep_ray.core.contracts import LATENT_HZ
 from hotstep_ray.core.errors import HotstepError
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.preprocess.items import EncodedSample
-from hotstep_ray.preprocess.plan import FORMAT, SampleJob
+from hotstep_ray.preprocess.items import FORMAT, EncodedSample, SampleJob
 
 CODES_FILE = "lm_codes.jsonl"
 STATS_FILE = "channel_stats.json"

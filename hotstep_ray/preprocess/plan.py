@@ -22,7 +22,7 @@ import hashlib
 import json
 import posixpath
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from hotstep_ray.audio.resample import RESAMPLER
@@ -35,9 +35,10 @@ from hotstep_ray.dataset.dataset_json import build_text_prompt, plan_preprocess
 from hotstep_ray.dataset.ids import sample_id as make_sample_id
 from hotstep_ray.dataset.store import build_dataset, load_summary
 from hotstep_ray.models.prompts import build_lyric_prompt, normalize_lyrics
+from hotstep_ray.preprocess.cache import entry_from_file, file_checksum, read_header
+from hotstep_ray.preprocess.items import FORMAT, SampleJob
 from hotstep_ray.preprocess.model_paths import ModelPaths, model_fingerprint, resolve_models
 
-FORMAT = "hotstep-ray-preprocess-v1"
 META_FILE = layout.PREPROCESS_META_FILE
 # Record fields that change a sample's tensors or its stored metadata.
 _RECORD_FIELDS = (
@@ -77,34 +78,6 @@ PreprocessRunOptions = PreprocessOptions
 
 def as_run_options(options: PreprocessOptions) -> PreprocessRunOptions:
     return options
-
-
-@dataclass
-class SampleJob:
-    """One sample to (re)encode; plain data so it travels through Ray rows as JSON."""
-
-    index: int  # position in the sorted file list (the genre_ratio draw indexes this)
-    sample_id: str
-    rel_path: str
-    audio_path: str  # as dataset.json resolved it
-    source_root: str  # Storage root URL to read from
-    source_key: str
-    stem: str  # output file stem
-    src_size: int
-    src_mtime_ns: int
-    record: dict[str, Any]
-    use_genre: bool
-    tag_position: str
-    pt_metadata: dict[str, Any]
-    settings_hash: str
-    reason: str = "new"  # new | changed | settings | missing | stale | overwrite
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False, default=str)
-
-    @classmethod
-    def from_json(cls, text: str) -> SampleJob:
-        return cls(**json.loads(text))
 
 
 @dataclass
@@ -243,7 +216,6 @@ _RECOVERABLE = ("new", "changed", "settings")
 def _file_agrees(storage: Storage, tensor_dir: str, entry: dict[str, Any], want: str) -> bool:
     """Whether a good entry's file says, in its own header, that it holds sample
     `entry["sample_id"]` made with settings hash `want`. Failed entries have no file."""
-    from hotstep_ray.preprocess.cache import read_header  # cache imports this module
 
     if not entry.get("ok"):
         return True
@@ -258,7 +230,6 @@ def _file_agrees(storage: Storage, tensor_dir: str, entry: dict[str, Any], want:
 def _source_checksum(job: SampleJob, old: dict[str, Any] | None) -> str | None:
     """sha256 of the job's source file: the previous entry's when the file's size and mtime are
     the ones it recorded (the same test that keeps a cached sample), else read now."""
-    from hotstep_ray.preprocess.cache import file_checksum
 
     if old and (old.get("src_size"), old.get("src_mtime_ns")) == (job.src_size, job.src_mtime_ns):
         if old.get("checksum"):
@@ -285,7 +256,6 @@ def _recover(
     already knew gets no second chance: a touched source is redone as it always was); with
     `sidestep_pt` the `.pt` must be there too (`write_outputs` writes it before the
     safetensors)."""
-    from hotstep_ray.preprocess.cache import entry_from_file, read_header
 
     name = f"{job.stem}.safetensors"
     pt_file = f"{job.stem}.pt" if opts.sidestep_pt else None

@@ -21,7 +21,8 @@ from hotstep_ray.core.events import EventLog, LogEvent
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.preprocess import cache, run
 from hotstep_ray.preprocess.cache import SampleOutputs, read_header, read_sample
-from hotstep_ray.preprocess.plan import FORMAT, PreprocessRunOptions, SampleJob, make_plan
+from hotstep_ray.preprocess.items import FORMAT, SampleJob
+from hotstep_ray.preprocess.plan import PreprocessRunOptions, make_plan
 from hotstep_ray.preprocess.run import preprocess_dataset
 
 VARIANT = "acestep-v15-turbo"  # the tiny tree's DiT folder: the default variant key
