@@ -561,7 +561,7 @@ def _report(row: Row, index: int, folder: Path, log: Path) -> Any:
         return None
 
 
-def _commit() -> str | None:
+def commit() -> str | None:
     """The checkout's commit (with `-dirty` for local changes), where git can tell."""
     root = bench_dir().parent
     try:
@@ -648,7 +648,7 @@ def run_row(row: Row, folder: Path, timeout_s: float = 0) -> dict[str, Any]:
         "row": row.name,
         "stage": row.stage,
         "script": f"bench/{row.script}",
-        "commit": _commit(),
+        "commit": commit(),
         "started": begun,
         "ok": all(run["rc"] == 0 for run in runs),
         "runs": runs,
