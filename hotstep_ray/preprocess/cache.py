@@ -48,7 +48,8 @@ from hotstep_ray.core import safetensors_header
 from hotstep_ray.core.contracts import LATENT_HZ
 from hotstep_ray.core.errors import HotstepError
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.preprocess.items import FORMAT, EncodedSample, SampleJob
+from hotstep_ray.preprocess.items import EncodedSample
+from hotstep_ray.preprocess.sample_job import FORMAT, SampleJob
 
 CODES_FILE = "lm_codes.jsonl"
 STATS_FILE = "channel_stats.json"

@@ -27,8 +27,8 @@ from hotstep_ray.preprocess.cache import (
     merge_channel_stats,
     read_sample,
 )
-from hotstep_ray.preprocess.items import FORMAT
 from hotstep_ray.preprocess.plan import META_FILE, RunPlan
+from hotstep_ray.preprocess.sample_job import FORMAT
 
 _RUN_ONLY_OPTIONS = {"overwrite", "sample_ids"}  # steer one run; not a property of the cache
 _STAMPS = ("created_at", "updated_at")

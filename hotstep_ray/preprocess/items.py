@@ -4,46 +4,13 @@ write workers can unpickle rows without loading torch model libraries)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-# The cache format: in every file's header and in preprocess_meta.json.
-FORMAT = "hotstep-ray-preprocess-v1"
-
-
-@dataclass
-class SampleJob:
-    """One sample to (re)encode; plain data so it travels through Ray rows as JSON."""
-
-    index: int  # position in the sorted file list (the genre_ratio draw indexes this)
-    sample_id: str
-    rel_path: str
-    audio_path: str  # as dataset.json resolved it
-    source_root: str  # Storage root URL to read from
-    source_key: str
-    stem: str  # output file stem
-    src_size: int
-    src_mtime_ns: int
-    record: dict[str, Any]
-    use_genre: bool
-    tag_position: str
-    pt_metadata: dict[str, Any]
-    settings_hash: str
-    reason: str = "new"  # new | changed | settings | missing | stale | overwrite
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False, default=str)
-
-    @classmethod
-    def from_json(cls, text: str) -> SampleJob:
-        return cls(**json.loads(text))
 
 
 @dataclass

@@ -35,9 +35,8 @@ from hotstep_ray.dataset.dataset_json import build_text_prompt, plan_preprocess
 from hotstep_ray.dataset.ids import sample_id as make_sample_id
 from hotstep_ray.dataset.store import build_dataset, load_summary
 from hotstep_ray.models.prompts import build_lyric_prompt, normalize_lyrics
-from hotstep_ray.preprocess.cache import entry_from_file, file_checksum, read_header
-from hotstep_ray.preprocess.items import FORMAT, SampleJob
 from hotstep_ray.preprocess.model_paths import ModelPaths, model_fingerprint, resolve_models
+from hotstep_ray.preprocess.sample_job import FORMAT, SampleJob
 
 META_FILE = layout.PREPROCESS_META_FILE
 # Record fields that change a sample's tensors or its stored metadata.
@@ -216,6 +215,8 @@ _RECOVERABLE = ("new", "changed", "settings")
 def _file_agrees(storage: Storage, tensor_dir: str, entry: dict[str, Any], want: str) -> bool:
     """Whether a good entry's file says, in its own header, that it holds sample
     `entry["sample_id"]` made with settings hash `want`. Failed entries have no file."""
+    # cache imports torch; this module is read when the CLI starts (`preprocess --help`)
+    from hotstep_ray.preprocess.cache import read_header
 
     if not entry.get("ok"):
         return True
@@ -236,6 +237,8 @@ def _source_checksum(job: SampleJob, old: dict[str, Any] | None) -> str | None:
             return old["checksum"]
     if job.src_size < 0:
         return None
+    from hotstep_ray.preprocess.cache import file_checksum  # torch-free start-up, as above
+
     try:
         return file_checksum(Storage(job.source_root), job.source_key)
     except (OSError, StorageError):
@@ -256,6 +259,7 @@ def _recover(
     already knew gets no second chance: a touched source is redone as it always was); with
     `sidestep_pt` the `.pt` must be there too (`write_outputs` writes it before the
     safetensors)."""
+    from hotstep_ray.preprocess.cache import entry_from_file, read_header  # as above
 
     name = f"{job.stem}.safetensors"
     pt_file = f"{job.stem}.pt" if opts.sidestep_pt else None

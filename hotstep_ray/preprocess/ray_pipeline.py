@@ -26,9 +26,10 @@ from hotstep_ray.core.events import EventLog
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.distributed.runtime import ensure_ray
 from hotstep_ray.preprocess.cache import SampleOutputs, write_outputs
-from hotstep_ray.preprocess.items import VAE_BATCH_FRAMES, EncoderSettings, SampleJob, allocator_env
+from hotstep_ray.preprocess.items import VAE_BATCH_FRAMES, EncoderSettings, allocator_env
 from hotstep_ray.preprocess.model_paths import ModelPaths
 from hotstep_ray.preprocess.plan import PreprocessRunOptions, RunPlan
+from hotstep_ray.preprocess.sample_job import SampleJob
 from hotstep_ray.preprocess.stages import (
     Decoded,
     decode_job,

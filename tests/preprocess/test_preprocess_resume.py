@@ -21,9 +21,9 @@ from hotstep_ray.core.events import EventLog, LogEvent
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.preprocess import cache, run
 from hotstep_ray.preprocess.cache import SampleOutputs, read_header, read_sample
-from hotstep_ray.preprocess.items import FORMAT, SampleJob
 from hotstep_ray.preprocess.plan import PreprocessRunOptions, make_plan
 from hotstep_ray.preprocess.run import preprocess_dataset
+from hotstep_ray.preprocess.sample_job import FORMAT, SampleJob
 
 VARIANT = "acestep-v15-turbo"  # the tiny tree's DiT folder: the default variant key
 META = "preprocess_meta.json"
