@@ -3,20 +3,29 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
 
 from hotstep_ray.cli.common import console, handle_errors, print_json
+from hotstep_ray.core import layout
 from hotstep_ray.core.errors import HotstepError
 from hotstep_ray.core.storage import Storage
+from hotstep_ray.training.warm_start import LM_LOG_FILE  # written once, when the run stops
 
 if TYPE_CHECKING:
     from hotstep_ray.audition.catalogue import AdapterEntry
 
 app = typer.Typer(help="List trained adapters; stamp trigger words into older ones.")
+
+# The LM checkpoint's commit point, spelled here because `training.lm` and `training.checkpoint`
+# load torch and `adapters list` must not (a test checks it agrees with `lm.CHECKPOINT_DIR` /
+# `checkpoint.MANIFEST`); removed once the run is exported.
+LM_CHECKPOINT_MANIFEST = "checkpoint/checkpoint.json"
 
 
 @app.command("list")
@@ -29,17 +38,22 @@ def list_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Every adapter under <data>/adapters: base, run, format, size, trigger, trained time, and
-    a DiT run's status: finished, paused, training, or interrupted (killed: its adapter is the
-    best one exported before that; `train-dit --resume RUN` continues it)."""
+    a run's status. DiT: finished, paused, training, or interrupted (killed: its adapter is the
+    best one exported before that; `train-dit --resume RUN` continues it). LM: finished,
+    unfinished (its checkpoint, no adapter yet: `train-lm run --resume RUN` continues it),
+    training (the job its checkpoint names is alive), or unexported (trained without the export stage: `--stages
+    export --resume RUN` exports it); an LM run without an adapter yet is listed with size 0."""
     from hotstep_ray.audition.catalogue import list_adapters
 
     storage = Storage(data)
-    entries = [e for e in list_adapters(storage) if not kind or e.kind == kind]
+    found = [*list_adapters(storage), *unexported_lm_runs(storage)]
+    found.sort(key=lambda e: e.id)
+    entries = [e for e in found if not kind or e.kind == kind]
     statuses = [run_status(storage, e) for e in entries]
     if as_json:
         print_json(
             [
-                {**e.to_json_dict(), "status": state, "status_detail": detail}
+                {**e.to_json_dict(), "status": state, "statusDetail": detail}
                 for e, (state, detail) in zip(entries, statuses, strict=True)
             ]
         )
@@ -49,12 +63,18 @@ def list_cmd(
         table.add_column(column, overflow="fold")
     for e, (state, detail) in zip(entries, statuses, strict=True):
         trigger = f"{e.trigger.word} ({e.trigger.placement}, {e.trigger.source})"
-        style = {"interrupted": "yellow", "paused": "yellow", "training": "cyan"}.get(state, "")
+        style = {
+            "interrupted": "yellow",
+            "paused": "yellow",
+            "unfinished": "yellow",
+            "unexported": "yellow",
+            "training": "cyan",
+        }.get(state, "")
         table.add_row(
             e.id,
             e.base or "?",
             e.format,
-            f"{e.size_bytes / 1e6:.1f} MB",
+            f"{e.size_bytes / 1e6:.1f} MB" if e.weights else "-",
             trigger if e.trigger.word else "-",
             e.trained_at,
             f"[{style}]{detail}[/]" if style else detail or "-",
@@ -63,15 +83,17 @@ def list_cmd(
 
 
 def run_status(storage: Storage, entry: AdapterEntry) -> tuple[str, str]:
-    """(state, text) of a DiT run's adapter by its `dit_train_log.json`: finished, paused (at a
-    step), training (its job is alive) or interrupted (at an epoch: killed, the adapter is a
-    best-so-far export); ("", "") when unknown (an LM or legacy adapter, no log)."""
+    """(state, text) of a run: a DiT's by its `dit_train_log.json` (finished, paused at a step,
+    training while its job is alive, or interrupted at an epoch: killed, the adapter is a
+    best-so-far export), an LM's by `lm_run_status`; ("", "") when unknown (a legacy adapter,
+    no log)."""
     from hotstep_ray.audition.catalogue import ROOT
-    from hotstep_ray.studio.records import read_summary
     from hotstep_ray.training.dit_log import read_progress
 
-    if entry.kind != "dit" or entry.legacy:
+    if entry.legacy:
         return "", ""
+    if entry.kind == "lm":
+        return lm_run_status(storage, f"{ROOT}/{entry.id}", exported=bool(entry.weights))
     progress = read_progress(storage, f"{ROOT}/{entry.id}")
     if progress is None:
         return "", ""
@@ -79,13 +101,134 @@ def run_status(storage: Storage, entry: AdapterEntry) -> tuple[str, str]:
         return "finished", "finished"
     if progress.state == "paused":
         return "paused", f"paused at step {progress.steps}"
-    alive = False
-    if progress.job_id:
-        with contextlib.suppress(HotstepError, ValueError):
-            alive = read_summary(storage, progress.job_id).status in ("queued", "running")
-    if alive:
+    if _job_alive(storage, progress.job_id):
         return "training", f"training (epoch {progress.epochs_run})"
     return "interrupted", f"interrupted at epoch {progress.epochs_run}"
+
+
+def _job_alive(storage: Storage, job_id: str) -> bool:
+    """Whether the job's record says it runs, read through its heartbeat (a killed one: no)."""
+    from hotstep_ray.studio.records import read_summary
+
+    if not job_id:
+        return False
+    with contextlib.suppress(HotstepError, ValueError):
+        return read_summary(storage, job_id).status in ("queued", "running")
+    return False
+
+
+def _read_json(storage: Storage, key: str) -> dict[str, Any] | None:
+    try:
+        if not storage.exists(key):
+            return None
+        value = storage.read_json(key)
+    except (HotstepError, ValueError, OSError):  # unreadable: as good as none
+        return None
+    return value if isinstance(value, dict) else None
+
+
+@dataclass(frozen=True)
+class LmRunProgress:
+    """How far an LM run folder got, by its JSON alone (no torch)."""
+
+    stopped: bool  # `lm_train_log.json` says the run stopped (a stop reason: it is trained)
+    epochs_run: int  # from that log, else the checkpoint's
+    checkpoint: bool  # `checkpoint/` holds resumable state (committed: its manifest is there)
+    # the job that wrote the checkpoint, when its config names it (`job`, as the DiT log does)
+    job_id: str
+    adapter_type: str  # lora | lokr by the checkpoint's identity ("" unknown)
+
+
+def read_lm_progress(storage: Storage, run_key: str) -> LmRunProgress | None:
+    """The run's progress from its log and checkpoint manifest; None when it has neither."""
+    log = _read_json(storage, f"{run_key}/{LM_LOG_FILE}")
+    manifest = _read_json(storage, f"{run_key}/{LM_CHECKPOINT_MANIFEST}")
+    if log is None and manifest is None:
+        return None
+    config = (manifest or {}).get("config")
+    config = config if isinstance(config, dict) else {}
+    identity = config.get("identity")
+    # the log's count once the run stopped, else the epoch the checkpoint holds
+    epochs = log.get("epochs_run") if log is not None else (manifest or {}).get("epoch")
+    try:
+        epochs = int(epochs or 0)
+    except (TypeError, ValueError):
+        epochs = 0
+    return LmRunProgress(
+        stopped=bool(log and log.get("stop_reason")),
+        epochs_run=epochs,
+        checkpoint=manifest is not None,
+        job_id=str(config.get("job") or ""),
+        adapter_type=str(identity.get("kind") or "") if isinstance(identity, dict) else "",
+    )
+
+
+def lm_run_status(storage: Storage, run_key: str, exported: bool) -> tuple[str, str]:
+    """(state, text) of an LM run folder (`exported`: it holds adapter weights). The trainer
+    writes `lm_train_log.json` once, when the run stops, after the export, and deletes the
+    checkpoint after that: stopped with weights is finished (even with a checkpoint a kill left
+    behind); a checkpoint without that is unfinished (killed, or training while the job it names
+    is alive), or unexported when the run stopped but the export stage did not run; ("", "") for
+    a folder with neither log nor checkpoint."""
+    progress = read_lm_progress(storage, run_key)
+    if progress is None:
+        return "", ""
+    if progress.stopped and exported:
+        return "finished", "finished"
+    if not progress.checkpoint:
+        return "", ""  # a log without weights or state: nothing this run can continue from
+    if progress.stopped:
+        return "unexported", f"trained {progress.epochs_run} epochs, not exported"
+    if _job_alive(storage, progress.job_id):
+        return "training", f"training (epoch {progress.epochs_run})"
+    return "unfinished", f"unfinished at epoch {progress.epochs_run}"
+
+
+def _stamp_time(run: str) -> str:
+    try:
+        return datetime.strptime("-".join(run.split("-")[:5]), layout.RUN_STAMP_FORMAT).isoformat()
+    except ValueError:
+        return ""
+
+
+def unexported_lm_runs(storage: Storage) -> list[AdapterEntry]:
+    """LM run folders with resumable state but no adapter yet (an unfinished or unexported run),
+    which the catalogue, listing weights, leaves out: as entries without weights or size."""
+    from hotstep_ray.audition.catalogue import ROOT, AdapterEntry, resolve_trigger
+
+    def dirs(key: str) -> list[str]:
+        names = (k for k in storage.list(key) if not k.rsplit("/", 1)[-1].startswith("."))
+        return [k for k in names if storage.is_dir(k)]
+
+    found = []
+    for size, folder in layout.LM_SIZE_FOLDERS.items():
+        base_key = f"{ROOT}/{folder}"
+        if not storage.is_dir(base_key):
+            continue
+        for artist_key in dirs(base_key):
+            for run_key in dirs(artist_key):
+                run = run_key.rsplit("/", 1)[-1]
+                if not layout.is_run_stamp(run) or layout.has_weights(storage, run_key):
+                    continue
+                progress = read_lm_progress(storage, run_key)
+                if progress is None or not progress.checkpoint:
+                    continue
+                entry = AdapterEntry(
+                    id=run_key.removeprefix(f"{ROOT}/"),
+                    kind="lm",
+                    base_folder=folder,
+                    base=size,
+                    artist=artist_key.rsplit("/", 1)[-1],
+                    run=run,
+                    legacy=False,
+                    format=progress.adapter_type or "?",
+                    weights="",
+                    size_bytes=0,
+                    trained_at=_stamp_time(run),
+                    trigger=resolve_trigger(storage, run_key),  # the folder's word, as a run's
+                )
+                found.append(entry)
+    return found
 
 
 @app.command("stamp-triggers")

@@ -120,7 +120,8 @@ def list_jobs(
 ) -> None:
     """Every job under the storage root, newest first (studio, CLI and `ray job submit` runs).
     A job whose process is gone without ending its record (killed) shows as `lost`."""
-    from hotstep_ray.studio.records import LOST, list_stored
+    from hotstep_ray.core.jobs import LOST
+    from hotstep_ray.studio.records import list_stored
 
     jobs = [j for j in list_stored(Storage(data)) if not dataset or j.dataset_id == dataset]
     jobs.sort(key=lambda j: (j.created_at, j.id), reverse=True)

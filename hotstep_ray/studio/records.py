@@ -4,26 +4,22 @@
     jobs/<id>/events.jsonl   every event, one JSON line each
     jobs/<id>/_meta.json     studio jobs only: the summary plus how the studio ran it
     jobs/<id>/result.json    what the stage returned, when it returned something JSON-able
-    jobs/<id>/heartbeat.json the process running the job and when it last said so (`Heartbeat`)
+    jobs/<id>/heartbeat.json the process running the job and when it last said so
+                             (`core.jobs.Heartbeat`, which every `Job` runs)
 
 A job without `_meta.json` was started elsewhere (CLI, `ray job submit`): listed and replayed,
 never ended by the studio.
 
-A killed process cannot end its own record, so a job whose record still reads `queued`/`running`
-is read through its heartbeat, when it has one: it is shown `failed`, its error starting with
-"lost:", once its process is gone from this machine or its heartbeat is older than
-`LOST_AFTER_S`. That is how it reads, not a rewrite of the record: a process that was only slow
-to beat still ends its own record.
+A killed process cannot end its own record, so a plain record that still reads `queued`/`running`
+is read through its heartbeat, when it has one (`core.jobs.with_liveness`): shown `failed`, its
+error starting with "lost:", once its process is gone. The heartbeat and that rule live in
+`core.jobs` with the `Job` that writes them; their names are re-exported here for the studio's
+readers.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import socket
-import threading
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field
@@ -32,6 +28,17 @@ from hotstep_ray.core import layout
 from hotstep_ray.core.contracts import JOB_PHASES, TERMINAL_JOB_STATUSES, JobSummary
 from hotstep_ray.core.errors import HotstepError, InputError
 from hotstep_ray.core.events import JobEvent, StatusEvent, now_ms, to_line
+
+# the heartbeat's names, as the studio's readers and the CLI knew them here (the rule is core's)
+from hotstep_ray.core.jobs import (  # noqa: F401
+    HEARTBEAT_EVERY_S,
+    LOST,
+    LOST_AFTER_S,
+    Heartbeat,
+    heartbeat_key,
+    lost_reason,
+    with_liveness,
+)
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.studio.errors import ConflictError, NotFoundError
 
@@ -39,11 +46,6 @@ log = logging.getLogger(__name__)
 
 NAMESPACE = "hotstep-studio"  # Ray namespace of the runner actors
 RESTARTED = "server restarted"
-LOST = "lost"  # the error prefix of a job whose process is gone
-HEARTBEAT_EVERY_S = 15.0  # a running job's process rewrites its heartbeat this often
-# A heartbeat older than this means its process is gone (seconds, by the reader's clock against
-# the writer's: generous, so clock skew between machines and slow object stores stay below it).
-LOST_AFTER_S = 120.0
 
 
 class JobNotFoundError(NotFoundError):
@@ -78,99 +80,6 @@ def read_meta(storage: Storage, job_id: str) -> StudioJobMeta | None:
     if not storage.exists(key):
         return None
     return StudioJobMeta.model_validate(storage.read_json(key))
-
-
-def heartbeat_key(job_id: str) -> str:
-    return f"{layout.job_dir(job_id)}/heartbeat.json"
-
-
-def _boot_id() -> str:
-    """This machine's boot id (Linux): a host name alone may repeat across machines."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _this_machine() -> dict[str, str]:
-    return {"host": socket.gethostname(), "boot_id": _boot_id()}
-
-
-class Heartbeat:
-    """While the block runs, `jobs/<id>/heartbeat.json` names this process (host, boot id, pid)
-    and says when it last ran (`beat_at`, epoch ms), rewritten every `every_s` seconds by a
-    daemon thread. A failed write is logged, never raised: the job matters more."""
-
-    def __init__(self, storage: Storage, job_id: str, every_s: float = HEARTBEAT_EVERY_S) -> None:
-        self.storage, self.key, self.every_s = storage, heartbeat_key(job_id), every_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"heartbeat:{job_id}", daemon=True)
-
-    def beat(self) -> None:
-        record = {**_this_machine(), "pid": os.getpid(), "beat_at": now_ms()}
-        record["every_s"] = self.every_s
-        try:
-            self.storage.write_json(self.key, record)
-        except (HotstepError, OSError) as exc:
-            log.warning("could not write %s: %s", self.key, exc)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.every_s):
-            self.beat()
-
-    def __enter__(self) -> Heartbeat:
-        self.beat()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: it exists
-        return True
-    return True
-
-
-def lost_reason(storage: Storage, summary: JobSummary, now: int | None = None) -> str:
-    """Why an unended job's process is gone ("" = alive, ended, or no heartbeat to judge by)."""
-    if summary.status in TERMINAL_JOB_STATUSES:
-        return ""
-    key = heartbeat_key(summary.id)
-    try:
-        beat = storage.read_json(key) if storage.exists(key) else None
-    except (HotstepError, ValueError):
-        return ""
-    if not isinstance(beat, dict) or not beat.get("beat_at"):
-        return ""
-    age_s = ((now_ms() if now is None else now) - int(beat["beat_at"])) / 1000
-    here = _this_machine()
-    same_machine = beat.get("host") == here["host"] and beat.get("boot_id", "") == here["boot_id"]
-    pid = int(beat.get("pid") or 0)
-    if same_machine and pid and not _pid_alive(pid):
-        return f"{LOST}: its process {pid} on {here['host']} is gone ({age_s:.0f} s since it ran)"
-    # a writer that beats less often than the default is given four of its own intervals
-    if age_s > max(LOST_AFTER_S, 4 * float(beat.get("every_s") or 0)):
-        where = f"process {pid} on {beat.get('host')}"
-        return f"{LOST}: no heartbeat from {where} for {age_s:.0f} s"
-    return ""
-
-
-def with_liveness(storage: Storage, summary: JobSummary) -> JobSummary:
-    """`summary`, shown `failed` ("lost: ...") when its process is gone (`lost_reason`)."""
-    reason = lost_reason(storage, summary)
-    if not reason:
-        return summary
-    key = heartbeat_key(summary.id)
-    with contextlib.suppress(HotstepError, ValueError, TypeError):
-        summary = summary.model_copy(update={"finished_at": int(storage.read_json(key)["beat_at"])})
-    return summary.model_copy(update={"status": "failed", "error": reason})
 
 
 def read_summary(storage: Storage, job_id: str) -> JobSummary:

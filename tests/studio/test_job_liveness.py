@@ -1,6 +1,7 @@
 """A job killed without ending its record (SIGKILL, a lost node) reads "running" in `job.json`
-forever; its heartbeat tells: `jobs list` shows it lost once its process is gone from this
-machine or its heartbeat is stale. No Ray: the records are written here."""
+forever; its heartbeat (`core.jobs.Heartbeat`, which every `Job` runs) tells: `jobs list` shows
+it lost once its process is gone from this machine or its heartbeat is stale. No Ray: the records
+are written here."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ import time
 from typer.testing import CliRunner
 
 from hotstep_ray.cli.studio_cmd import jobs_app
+from hotstep_ray.core import jobs
 from hotstep_ray.core.events import now_ms
-from hotstep_ray.core.jobs import Job
+from hotstep_ray.core.jobs import Heartbeat, Job, heartbeat_key
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.studio import records
-from hotstep_ray.studio.records import Heartbeat, heartbeat_key, list_stored, read_summary
+from hotstep_ray.studio.records import list_stored, read_summary
 
 
 def _running(storage: Storage, job_id: str) -> Job:
@@ -40,7 +41,7 @@ def test_a_killed_jobs_record_reads_lost_and_a_live_one_running(tmp_path) -> Non
         pass
     beat = json.loads(storage.read_text(heartbeat_key("alive")))
     storage.write_json(heartbeat_key("killed"), {**beat, "pid": _gone_pid()})
-    stale_at = now_ms() - int(records.LOST_AFTER_S * 1000) - 1000
+    stale_at = now_ms() - int(jobs.LOST_AFTER_S * 1000) - 1000
     other = {**beat, "host": "elsewhere", "pid": 1}
     storage.write_json(heartbeat_key("stale"), {**other, "beat_at": stale_at})
     storage.write_json(heartbeat_key("remote"), {**other, "beat_at": now_ms()})
@@ -76,3 +77,24 @@ def test_the_heartbeat_is_rewritten_while_the_block_runs(tmp_path) -> None:
         time.sleep(0.2)
         later = json.loads(storage.read_text(heartbeat.key))["beat_at"]
     assert later > first
+
+
+def test_jobs_list_shows_a_killed_job_of_any_kind_lost(tmp_path) -> None:
+    """Not only train-dit: a label job beats from `Job.__enter__`, so its killed run (its
+    process gone, its record left running) is listed lost, and a stage job another node runs
+    (heard from recently) running."""
+    storage = Storage(tmp_path)
+    with Job(storage, "label", dataset_id="band", job_id="labeled"):
+        beat = json.loads(storage.read_text(heartbeat_key("labeled")))
+    _running(storage, "labeled")  # as a kill leaves it: the record says running
+    storage.write_json(heartbeat_key("labeled"), {**beat, "pid": _gone_pid()})
+    stage = Job(storage, "preprocess", dataset_id="band", job_id="staged")
+    stage.set_status("running")
+    storage.write_json(
+        heartbeat_key("staged"), {**beat, "host": "ray-worker-3", "pid": _gone_pid()}
+    )
+    table = CliRunner().invoke(jobs_app, ["list", "--data", str(tmp_path)], terminal_width=200)
+    assert table.exit_code == 0, table.output
+    rows = {line.split("│")[1].strip(): line for line in table.output.splitlines() if "│" in line}
+    assert "lost" in rows["labeled"] and "label" in rows["labeled"]
+    assert "running" in rows["staged"] and "lost" not in rows["staged"]

@@ -90,7 +90,7 @@ def test_an_interrupted_run_is_named_listed_and_continued(
     listed = CliRunner().invoke(adapters_app, ["list", "--data", storage.url, "--json"])
     assert listed.exit_code == 0, listed.output
     (entry,) = [e for e in json.loads(listed.output) if e["id"] == killed.removeprefix("adapters/")]
-    assert (entry["status"], entry["status_detail"]) == ("interrupted", "interrupted at epoch 2")
+    assert (entry["status"], entry["statusDetail"]) == ("interrupted", "interrupted at epoch 2")
 
     # a plain rerun names it and how to continue, and does not continue it by itself (this one
     # is refused before it trains: nothing to export)
