@@ -58,14 +58,6 @@ class AdapterEntry:
 
 
 # -- safetensors header ----------------------------------------------------------------------
-def weights_key(storage: Storage, folder: str) -> str | None:
-    for name in layout.ADAPTER_WEIGHT_FILES:
-        key = f"{folder}/{name}" if folder else name
-        if storage.exists(key):
-            return key
-    return None
-
-
 # -- triggers ---------------------------------------------------------------------------------
 def folder_word(key: str) -> str:
     """The folder-name trigger of an adapter folder key: the artist folder (the parent of a
@@ -104,7 +96,7 @@ def resolve_trigger(
         return TriggerInfo(
             word=override.word.strip(), placement=override.placement, source="override", path=folder
         )
-    key = weights_key(storage, folder)
+    key = layout.weights_key(storage, folder)
     if key is not None:
         found = embedded_trigger(safetensors_header.read_metadata(storage, key))
         if found:
@@ -218,7 +210,7 @@ def _entry(
     run: str,
     legacy: bool,
 ) -> AdapterEntry | None:
-    weights = weights_key(storage, folder)
+    weights = layout.weights_key(storage, folder)
     if weights is None:
         return None
     files = [k for k in storage.list(folder) if not storage.is_dir(k) and not k.endswith(".bak")]

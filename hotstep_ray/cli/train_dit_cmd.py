@@ -10,6 +10,15 @@ against the tensor cache) and baking the winner into `<run>-calibrated/` (`--cal
 `--calibrate-seeds`, `--calibrate-duration` tune it); `--holdout-fraction 0.2` keeps songs out of
 training and prints their loss per epoch.
 
+Warm start. `--init-adapter latest` (the default) starts from the newest FINISHED run of this
+artist on this DiT with the same adapter type (a killed or paused run's best-so-far export never
+counts); with none the run starts fresh. `--init-adapter RUN` names one. An adapter whose shapes
+differ from this run's is refused (exit 2); the run prints one line naming what it starts from.
+
+Trigger. The DiT trains on the text conditions encoded at preprocess time, the dataset's tag in
+every caption: `--trigger`/`--trigger-position` may only repeat the cache's (a different word is
+refused: change the dataset's tag and preprocess again).
+
 Resuming. Checkpoints are written at epoch ends (`--checkpoint-every-s`,
 `--checkpoint-every-epochs`). `--resume RUN` continues a run folder from its newest checkpoint
 (its own or Ray's), `--resume latest` the latest run of this dataset/artist, `--resume KEY` a
@@ -71,7 +80,8 @@ FOLLOW_EVERY_S = 1.0
 def _console_sink(event) -> None:
     if isinstance(event, LogEvent):
         style = {"info": "dim", "warn": "yellow", "error": "red"}[event.level]
-        console.print(f"  [{style}]{event.message}[/]", highlight=False)
+        # soft_wrap: paths (a warm start's run, a checkpoint) stay whole, so they can be copied
+        console.print(f"  [{style}]{event.message}[/]", highlight=False, soft_wrap=True)
     elif isinstance(event, MetricEvent) and event.metric == "epoch":
         extra = event.model_extra or {}
         console.print(
@@ -143,8 +153,13 @@ def _run(
     ),
     dit_folder: str | None = typer.Option(None, "--dit", help="Explicit DiT folder."),
     artist: str = typer.Option("", help="Adapter folder name (default: adapter name or slug)."),
-    trigger: str | None = typer.Option(None, help="Trigger word (default: from preprocess)."),
-    trigger_position: str | None = typer.Option(None, help="prepend | append | replace."),
+    trigger: str | None = typer.Option(
+        None,
+        help="Trigger word: only the tensors' own (the dataset's tag at preprocess), the default.",
+    ),
+    trigger_position: str | None = typer.Option(
+        None, help="prepend | append | replace: only the tensors' own, the default."
+    ),
     lora_dropout: float = typer.Option(0.0, help="LoRA input dropout."),
     zero_groups: str = typer.Option("", help="Groups exported as zeros, e.g. q,k."),
     milestone_every_epochs: int = typer.Option(0, help="Also a milestone every N epochs."),
@@ -182,9 +197,15 @@ def _run(
     """Train a DiT adapter: setup -> train -> export to adapters/dit-<base>/<artist>/<run>/."""
     if use_ray is None:
         use_ray = bool(ray_address or os.environ.get("RAY_ADDRESS"))
-    _check_ray_only(use_ray, ray_address=ray_address, workers=workers, max_failures=max_failures)
+    check_placement_options(
+        use_ray,
+        ray_only={
+            "--ray-address": ray_address or None,
+            "--workers": workers,
+            "--max-failures": max_failures,
+        },
+    )
     from hotstep_ray.calibration import after_train
-    from hotstep_ray.studio.records import Heartbeat
     from hotstep_ray.training import dit, dit_data, dit_setup
 
     storage = Storage(data)
@@ -218,10 +239,10 @@ def _run(
     elif not settings.run_key:
         _offer_to_continue(storage, options, settings, slug, as_json)
     dit.check_run_folder(options, storage, settings)
-    with (
-        Job(storage, "train-dit", dataset_id=slug, sinks=(_console_sink,)) as job,
-        Heartbeat(storage, job.id),  # `jobs list` tells a killed run from a running one
-    ):
+    # refused here, before a model loads (on Ray a worker's refusal would only end in a traceback)
+    dit_setup.check_trigger_request(storage, settings, slug, options.variant_key)
+    _check_warm_start(storage, options, settings, slug)
+    with Job(storage, "train-dit", dataset_id=slug, sinks=(_console_sink,)) as job:
         settings.job_id = job.id
         job.phase("loading-models")
         if use_ray:
@@ -307,20 +328,40 @@ def _run(
             )
 
 
-def _check_ray_only(
-    use_ray: bool, *, ray_address: str, workers: int | None, max_failures: int | None
+def check_placement_options(
+    use_ray: bool, *, ray_only: dict[str, Any], local_only: dict[str, Any] | None = None
 ) -> None:
-    """Refuse Ray's own options on a run in this process, where they would do nothing."""
-    if use_ray:
-        return
-    given = {"--ray-address": ray_address or None, "--workers": workers}
-    given["--max-failures"] = max_failures
+    """Refuse options that would do nothing where the run trains: Ray's own (`ray_only`, flag ->
+    value, None = not given) on a run in this process, and this process's (`local_only`, e.g.
+    `--device`) on a Ray run, whose workers take the devices Ray gives them. Shared by
+    train-dit and train-lm."""
+    given = (local_only or {}) if use_ray else ray_only
     flags = [flag for flag, value in given.items() if value is not None]
-    if flags:
+    if not flags:
+        return
+    if use_ray:
         raise fail(
-            f"{', '.join(flags)} only apply with --ray (Ray Train); this run trains in this "
-            "process: add --ray, or leave them out"
+            f"{', '.join(flags)} only apply to a run in this process (--no-ray); on Ray each "
+            "worker trains on the device Ray places it on: leave them out, or add --no-ray"
         )
+    raise fail(
+        f"{', '.join(flags)} only apply with --ray (Ray Train); this run trains in this "
+        "process: add --ray, or leave them out"
+    )
+
+
+def _check_warm_start(
+    storage: Storage, options: TrainDitOptions, settings: DitSettings, slug: str
+) -> None:
+    """`dit_setup.check_warm_start` when the run's folder can be named (no DiT found: the job
+    reports that)."""
+    from hotstep_ray.training import dit_setup
+
+    try:
+        dit_setup.runs_parent(options, storage, settings, slug)
+    except (HotstepError, ValueError, OSError):
+        return
+    dit_setup.check_warm_start(options, storage, settings, slug)
 
 
 def _job_alive(storage: Storage, job_id: str) -> bool:

@@ -1,10 +1,23 @@
 """`hotstep-ray train-lm run SLUG`: train a 5 Hz LM adapter from a dataset's `lm_codes.jsonl`.
 
 Only the options given on the command line reach `TrainLmOptions`; the rest take the LM recipe's
-defaults (`core.contracts.TrainLmOptions`). With `--init-adapter` (default `latest`: the newest run
-of this artist and size) the adapter type, rank and alpha not given here are taken from that run,
-and a contradicting one is refused. `--ray` runs the job on Ray Train (GPU workers sized from the
-memory plan, resume after a worker failure); `--no-ray` trains in this process.
+defaults (`core.contracts.TrainLmOptions`). Warm start: `--init-adapter latest` (the default) is
+the newest FINISHED run of this artist on this LM size (a run still training, killed or only
+checkpointed never counts) of the `--adapter-type` given, or of any type when none is given; the
+adapter type, rank and alpha not given here are taken from that run, and a contradicting one is
+refused (exit 2), as is a named `--init-adapter RUN` that does not fit. With no such run the job
+starts fresh; either way it prints one line naming what it starts from (the DiT trainer's rule).
+`--ray` runs the job on Ray Train (GPU workers sized from the memory plan, resume after a worker
+failure); `--no-ray` trains in this process. Ray's options (`--workers`, `--max-failures`,
+`--ray-address`) are refused without `--ray`, and `--device` with it.
+
+`--resume RUN` continues the run's checkpoint exactly as it was started: its options and trigger
+are the checkpoint's (a resumed run equals an uninterrupted one), so any other value given now
+is ignored with one line each (`--epochs 10 ignored: the run continues with its own 40`); only
+the stages and the calibration choices are this request's.
+
+`--trigger WORD` replaces every song's tag in the caption rendered at train time, so the adapter
+learns it (and its metadata names it); without it each song keeps its preprocessed tag.
 
 `--stages extract,train,export` (the default) picks what runs: `extract` refreshes lm_codes.jsonl
 from the tensor cache, `train` without `export` keeps the run's checkpoint, and `--stages export
@@ -28,6 +41,7 @@ from hotstep_ray.cli.common import (
     print_eval,
     print_json,
 )
+from hotstep_ray.cli.train_dit_cmd import RAY_MAX_FAILURES, RAY_WORKERS, check_placement_options
 from hotstep_ray.core import layout
 from hotstep_ray.core.compile_cache import use_compile_cache
 from hotstep_ray.core.contracts import (
@@ -98,7 +112,9 @@ def run(
     variant: str = typer.Option("", help="Preprocessed variant (default: newest)."),
     codes: str = typer.Option("", help="Storage key of lm_codes.jsonl (overrides the lookup)."),
     artist: str = typer.Option("", help="Adapter name (default: the slug)."),
-    trigger: str = typer.Option("", help="Trigger word for every song (default: each row's tag)."),
+    trigger: str | None = typer.Option(
+        None, help="Trigger word rendered into every song's caption (default: each row's tag)."
+    ),
     trigger_position: str | None = typer.Option(None, help="prepend, append or replace."),
     adapter_type: str | None = typer.Option(None, help="lora or lokr."),
     rank: int | None = typer.Option(None, help="LoRA rank."),
@@ -165,11 +181,19 @@ def run(
         help="Round row widths up to this many tokens (0 = when compiled, 64-512 chosen to "
         "balance compiles against padding; else 1).",
     ),
-    device: str = typer.Option("", help="cuda, cuda:1, cpu (default: cuda when present)."),
-    resume: str = typer.Option("", help="Continue the checkpoint of this run folder."),
+    device: str = typer.Option(
+        "", help="In this process (--no-ray): cuda, cuda:1, cpu (default: cuda when present)."
+    ),
+    resume: str = typer.Option(
+        "", help="Continue the checkpoint of this run folder, with its own options."
+    ),
     use_ray: bool = typer.Option(False, "--ray/--no-ray", help="Run as a Ray Train job."),
-    workers: int = typer.Option(1, help="Ray workers (one GPU each)."),
-    max_failures: int = typer.Option(2, help="Ray: restarts after a worker failure."),
+    workers: int | None = typer.Option(
+        None, help=f"Ray workers (one GPU each). Default: {RAY_WORKERS}."
+    ),
+    max_failures: int | None = typer.Option(
+        None, help=f"Ray: restarts after a worker failure. Default: {RAY_MAX_FAILURES}."
+    ),
     ray_address: str = typer.Option("", help="Ray cluster to join (default: local)."),
     as_json: bool = typer.Option(False, "--json", help="Print the training log as JSON."),
 ) -> None:
@@ -177,6 +201,15 @@ def run(
     from hotstep_ray.calibration import after_train
     from hotstep_ray.training import lm
 
+    check_placement_options(
+        use_ray,
+        ray_only={
+            "--ray-address": ray_address or None,
+            "--workers": workers,
+            "--max-failures": max_failures,
+        },
+        local_only={"--device": device or None},
+    )
     storage = Storage(data)
     use_compile_cache(storage)  # compiled blocks reused by later runs and Ray workers
     given = {
@@ -206,12 +239,12 @@ def run(
         "holdout_fraction": holdout_fraction,
         "calibrate": calibrate,
         "calibrate_repoint": calibrate_repoint,
+        # only when given: what a resume names as ignored is what the user typed
+        "lm_model": lm_model or None,
+        "variant_key": variant or None,
     }
     name = artist or slug
-    options = TrainLmOptions(
-        lm_model=lm_model, adapter_name=name, variant_key=variant,
-        **{k: v for k, v in given.items() if v is not None},
-    )  # fmt: skip
+    options = TrainLmOptions(adapter_name=name, **{k: v for k, v in given.items() if v is not None})
     lm_dir, options = lm_folder(checkpoints, options)
     calibration = calibration_overrides(calibrate_scales, calibrate_seeds, calibrate_duration)
     codes_key = codes or layout.find_lm_codes(storage, slug, variant)
@@ -226,16 +259,17 @@ def run(
         activation_budget=activation_budget,
     )
     job = Job(storage, "train-lm", dataset_id=slug, sinks=(_print_event,))
+    tagging = {"trigger": trigger, "trigger_position": trigger_position}
     spec = lm.LmTrainSpec(
         options=options,
         lm_dir=str(lm_dir),
         codes_key=codes_key,
         artist=name,
-        trigger=trigger or "",
-        trigger_position=trigger_position or "prepend",
         engine=engine,
         run_key=resume,
         events_key=layout.job_events(job.id) if use_ray else "",
+        # only when given (a resume keeps the checkpoint's and names a given one as ignored)
+        **{k: v for k, v in tagging.items() if v is not None},
     )
     with job:
         job.phase("train")
@@ -243,8 +277,8 @@ def run(
             result = after_train.run_lm_on_ray_then_calibrate(
                 spec,
                 storage,
-                num_workers=workers,
-                max_failures=max_failures,
+                num_workers=RAY_WORKERS if workers is None else workers,
+                max_failures=RAY_MAX_FAILURES if max_failures is None else max_failures,
                 ray_address=ray_address or None,
                 events=job.events,
                 resume=bool(resume),

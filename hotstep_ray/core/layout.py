@@ -182,6 +182,15 @@ def dit_adapter_base(dit_model: str) -> str:
     return f"adapters/{dit_shorthand(dit_model)}"
 
 
+def weights_key(storage: Storage, folder: str) -> str | None:
+    """The adapter weights file in `folder` (LoRA's, else LoKR's), None when it holds none."""
+    for name in ADAPTER_WEIGHT_FILES:
+        key = f"{folder}/{name}" if folder else name
+        if storage.exists(key):
+            return key
+    return None
+
+
 def has_weights(storage: Storage, key: str) -> bool:
     return any(storage.exists(f"{key}/{name}") for name in ADAPTER_WEIGHT_FILES)
 

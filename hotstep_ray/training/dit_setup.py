@@ -6,10 +6,25 @@ schedule, and the opening log.
 Also what an entry point resolves before that: `resolve_resume` (`--resume` as a checkpoint, a
 run folder or "latest") and `latest_unfinished` (an interrupted or paused run the user may want
 to continue), both by the run's log (`dit_log.read_progress`) and its newest checkpoint
-(`dit_state.newest_checkpoint`)."""
+(`dit_state.newest_checkpoint`); `check_warm_start` and `check_trigger_request`, which refuse a
+warm start that cannot fit and a trigger the tensors were not made with before any model loads.
+
+Warm start (`init_adapter`): "latest" is the newest FINISHED run of this artist on this DiT
+(its `adapters/dit-<shorthand>/` folder) with this run's adapter type
+(`warm_start.latest_finished_run`, the LM trainer's rule too); none: the run starts fresh and
+says so. A run the user names must exist and be of this type. Either way an adapter whose
+shapes differ from this run's (rank, LoKR dim/factor, MLP targets, trained layers) is refused,
+never silently dropped: the user matches its settings, names another, or passes
+`init_adapter=""`. The run always logs one line naming what it starts from.
+
+Trigger: the DiT trains on text conditions encoded at preprocess time, with each song's tag
+already in its caption, so the adapter answers to that tag only; a `trigger` (or position) that
+differs from the tensors' is refused rather than stamped into the export's metadata."""
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +35,15 @@ from hotstep_ray.core.contracts import TrainDitOptions, schedule_steps
 from hotstep_ray.core.errors import HotstepError, InputError
 from hotstep_ray.core.events import EventLog, MetricEvent
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.training import adapters, dit_data, dit_log, dit_state, dit_vram, export
+from hotstep_ray.training import (
+    adapters,
+    dit_data,
+    dit_log,
+    dit_state,
+    dit_vram,
+    export,
+)
+from hotstep_ray.training import warm_start as warm_runs
 from hotstep_ray.training.adapters import AdapterSpec
 from hotstep_ray.training.engine import graph_mode
 from hotstep_ray.training.optim import HybridOptimizer, build_optimizer
@@ -196,12 +219,73 @@ def build_schedule(
     return LrSchedule(total_steps=total, warmup_steps=warmup, steps_per_epoch=per_epoch)
 
 
-def resolve_trigger(settings: DitSettings, cache: dit_data.TensorCache) -> tuple[str | None, str]:
-    """--trigger wins, else the tag the tensors were preprocessed with (the cache's meta or file
-    headers), whatever the dataset says now."""
+def resolve_trigger(
+    settings: DitSettings, cache: dit_data.TensorCache, dataset: str = ""
+) -> tuple[str | None, str]:
+    """The tag the tensors were preprocessed with (the cache's meta or file headers), whatever
+    the dataset says now; a `settings.trigger`/`trigger_position` that differs is refused
+    (`check_trigger`): the export's metadata names what the adapter was trained on."""
     tag, position = cache.trigger()
-    trigger = settings.trigger if settings.trigger is not None else tag
-    return trigger or None, settings.trigger_position or position
+    check_trigger(settings, tag, position, dataset)
+    return tag or None, settings.trigger_position or position
+
+
+def check_trigger(settings: DitSettings, tag: str | None, position: str, dataset: str = "") -> None:
+    """Refuse a trigger word or position other than the tensors' (`tag`, `position`): the text
+    conditions, trigger included, were encoded at preprocess time, so another word would only
+    be written into the export's metadata, naming a word the adapter never saw."""
+    given, where = settings.trigger, settings.trigger_position
+    slug = dataset or "SLUG"
+    if given is not None and (given.strip() or None) != (tag or None):
+        wanted = given.strip()
+        change = f"--tag {wanted}" if wanted else "no --tag"
+        raise InputError(
+            f"--trigger {given!r}: the DiT trains on text conditions encoded at preprocess time "
+            f"with the tag {tag or 'none'!r}, which a trigger given now cannot reach; change the "
+            f"dataset's tag (`hotstep-ray dataset build <songs folder> {change}`) and re-run "
+            f"`hotstep-ray preprocess run {slug}`, or leave --trigger out"
+        )
+    if where is not None and tag and where != position:
+        raise InputError(
+            f"--trigger-position {where}: the tensors were preprocessed with the tag {tag!r} "
+            f"at position {position} (encoded at preprocess time); change it with `hotstep-ray dataset "
+            f"build <songs folder> --tag-position {where}` and re-run `hotstep-ray preprocess "
+            f"run {slug}`, or leave --trigger-position out"
+        )
+
+
+def cache_trigger(storage: Storage, cache_key: str) -> tuple[str | None, str]:
+    """`TensorCache.trigger` read from the meta and the files' headers only (no tensors): what
+    an entry point checks a requested trigger against before anything loads."""
+    meta_key = f"{cache_key}/{dit_data.META_FILE}"
+    meta = storage.read_json(meta_key) if storage.exists(meta_key) else {}
+    if meta.get("custom_tag"):
+        return str(meta["custom_tag"]), str(meta.get("tag_position") or "prepend")
+    tags: Counter[tuple[str, str]] = Counter()
+    for file_key in storage.list(cache_key):
+        name = file_key.rsplit("/", 1)[-1]
+        if not name.endswith(".safetensors") or name.startswith("."):
+            continue
+        with storage.open(file_key) as handle:
+            size = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(size)).get("__metadata__") or {}
+        if header.get("custom_tag"):
+            tags[(str(header["custom_tag"]), str(header.get("tag_position", "")))] += 1
+    if not tags:
+        return None, str(meta.get("tag_position") or "prepend")
+    (tag, position), _ = tags.most_common(1)[0]
+    return tag, position or "prepend"
+
+
+def check_trigger_request(
+    storage: Storage, settings: DitSettings, dataset: str, variant_key: str
+) -> None:
+    """`check_trigger` against the tensor cache of `dataset`/`variant_key`, before any model or
+    tensor loads (the CLI; Ray workers would only fail after starting)."""
+    if settings.trigger is None and settings.trigger_position is None:
+        return
+    tag, position = cache_trigger(storage, layout.tensor_dir(dataset, variant_key))
+    check_trigger(settings, tag, position, dataset)
 
 
 def checkpoint_interval_s(options: TrainDitOptions, settings: DitSettings) -> float:
@@ -266,15 +350,7 @@ def latest_run(storage: Storage, parent: str) -> str | None:
         and not name.endswith("-calibrated")
         and storage.is_dir(key)
     ]
-    return max(runs, key=_stamp_order) if runs else None
-
-
-def _stamp_order(key: str) -> tuple[str, int, str]:
-    """Run folders by time: the stamp, then its collision suffix (`-2` ... `-99`, then a longer
-    base-36 one), shorter first, so `-10` comes after `-9`."""
-    name = key.rsplit("/", 1)[-1]
-    stamp, suffix = name[: len("YYYY-MM-DD_HH-MM-SS")], name[len("YYYY-MM-DD_HH-MM-SS") :]
-    return stamp, len(suffix), suffix
+    return max(runs, key=warm_runs.run_order) if runs else None
 
 
 @dataclass(frozen=True)
@@ -349,13 +425,13 @@ def resolve_resume(storage: Storage, settings: DitSettings, parent: str) -> Unfi
     return run
 
 
-def _as_key(storage: Storage, given: str) -> str:
+def _as_key(storage: Storage, given: str, flag: str = "--resume") -> str:
     """A storage key from a key or a URL/path under the root (as the CLI prints runs)."""
     if "://" in given or given.startswith("/"):
         try:
             return storage.key_of(given)
         except HotstepError as exc:
-            raise InputError(f"--resume {given}: {exc}") from exc
+            raise InputError(f"{flag} {given}: {exc}") from exc
     return given.strip("/")
 
 
@@ -386,17 +462,94 @@ def init_adapter(
     run_key: str,
     events: EventLog | None,
 ) -> str | None:
-    """Warm start: `init_adapter` "latest" = the newest earlier run of this artist (skipped when
-    none exists or its shapes differ), "" = from scratch, else a storage key. Returns the key
-    loaded, None when the adapter starts fresh. Stages without train export the adapter as it
-    starts: refused when nothing is loaded and nothing is resumed."""
-    key = _load_init_adapter(options, storage, transformer, base, artist, run_key, events)
+    """Warm start (module docstring): loads the adapter `init_adapter` resolves to and logs one
+    line naming it, or the line saying the run starts fresh. Returns the key loaded, None when
+    the adapter starts fresh. A resumed run loads nothing here (its checkpoint holds the
+    adapter). Stages without train export the adapter as it starts: refused when nothing is
+    loaded and nothing is resumed."""
+    key = None
+    if not settings.resume:
+        key = _load_init_adapter(options, storage, transformer, base, artist, run_key, events)
     if "train" not in options.stages and not settings.resume and key is None:
         raise InputError(
             "stages without train export the adapter as it starts, and nothing was loaded: pass "
             "--resume with a trained run's checkpoint (or --init-adapter with one to re-export)"
         )
     return key
+
+
+def warm_start(
+    options: TrainDitOptions, storage: Storage, base: str, artist: str, run_key: str = ""
+) -> warm_runs.TrainedRun | None:
+    """The adapter `options.init_adapter` names: "latest" = the newest finished run of `artist`
+    under `base` of this adapter type, other than `run_key` (None when there is none); "" =
+    None; else that folder, which must hold weights of this adapter type."""
+    value = options.init_adapter
+    if not value:
+        return None
+    if value == "latest":
+        return warm_runs.latest_finished_run(
+            storage, base, artist, options.adapter_type, exclude=run_key
+        )
+    key = _as_key(storage, value, "--init-adapter")
+    found = warm_runs.trained_run(storage, key)
+    if found is None:
+        raise InputError(f"--init-adapter {value}: no adapter weights at {storage.url_of(key)}")
+    if found.adapter_type != options.adapter_type:
+        raise InputError(
+            f"--init-adapter {value}: {storage.url_of(key)} is a {found.adapter_type} adapter and "
+            f"this run trains {options.adapter_type}: pass --adapter-type {found.adapter_type}, "
+            "another run, or --init-adapter '' to start from scratch"
+        )
+    return found
+
+
+def fit_problems(options: TrainDitOptions, config: dict[str, Any], base: str) -> list[str]:
+    """How an earlier run's adapter (its log's resolved `config`) differs in shape from the one
+    `options` train on `base`: what would make loading it fail. Fields the log lacks are not
+    compared (the load itself checks every tensor)."""
+    wanted: dict[str, Any] = {"target_mlp": options.target_mlp}
+    if options.is_lokr:
+        wanted.update(
+            lokr_dim=options.lokr_dim,
+            lokr_factor=options.lokr_factor,
+            lokr_decompose_both=options.lokr_decompose_both,
+        )
+    else:
+        wanted["rank"] = options.rank
+    total = config.get("n_layers_total")
+    if total:  # the log's `layers` is the trained count, 0 already resolved to every layer
+        wanted["layers"] = options.layers or int(total)
+    problems = [
+        f"{name.replace('_', '-')} {config[name]} vs {value}"
+        for name, value in wanted.items()
+        if name in config and config[name] != value
+    ]
+    dit_name = config.get("dit_name")
+    if dit_name and layout.dit_adapter_base(str(dit_name)) != base:
+        problems.insert(0, f"base {layout.dit_shorthand(str(dit_name))} vs {base.rsplit('/')[-1]}")
+    return problems
+
+
+def _cannot_continue(storage: Storage, key: str, reasons: str) -> InputError:
+    return InputError(
+        f"cannot continue from {storage.url_of(key)} ({reasons}): match its settings, name "
+        "another run with --init-adapter, or pass --init-adapter '' to start from scratch"
+    )
+
+
+def check_warm_start(
+    options: TrainDitOptions, storage: Storage, settings: DitSettings, dataset: str
+) -> None:
+    """Refuse, before any model loads, a warm start whose adapter cannot fit this run (by the
+    earlier run's log; `_load_init_adapter` checks the tensors themselves)."""
+    if settings.resume or not options.init_adapter:
+        return
+    parent = runs_parent(options, storage, settings, dataset)
+    base, artist = parent.rsplit("/", 1)
+    start = warm_start(options, storage, base, artist, settings.run_key or "")
+    if start is not None and (problems := fit_problems(options, start.config, base)):
+        raise _cannot_continue(storage, start.key, "; ".join(problems))
 
 
 def _load_init_adapter(
@@ -408,26 +561,24 @@ def _load_init_adapter(
     run_key: str,
     events: EventLog | None,
 ) -> str | None:
-    if not options.init_adapter:
-        return None
-    if options.init_adapter == "latest":  # never a `-calibrated` folder (calibration output)
-        key = layout.latest_run_dir(storage, f"{base}/{artist}", skip_calibrated=True)
-        key = key or layout.resolve_adapter(storage, base, artist)
-        if key is None or key == run_key or key.endswith("-calibrated"):
-            return None
-    else:
-        key = options.init_adapter
-    try:
-        export.load_exported(transformer, storage, key, rename=export.ACESTEP_OFFICIAL_NAMES)
-    except InputError as exc:
-        if options.init_adapter != "latest":
-            raise
+    start = warm_start(options, storage, base, artist, run_key)
+    if start is None:
         if events:
-            events.log(f"init adapter {key} does not fit this run, starting fresh: {exc}", "warn")
+            events.log(
+                warm_runs.fresh_start_line(base, artist, options.adapter_type)
+                if options.init_adapter
+                else "no warm start (init adapter ''): starting fresh"
+            )
         return None
+    if problems := fit_problems(options, start.config, base):
+        raise _cannot_continue(storage, start.key, "; ".join(problems))
+    try:
+        export.load_exported(transformer, storage, start.key, rename=export.ACESTEP_OFFICIAL_NAMES)
+    except InputError as exc:  # shapes the log did not tell (or no log)
+        raise _cannot_continue(storage, start.key, str(exc)) from exc
     if events:
-        events.log(f"adapter initialised from {key}")
-    return key
+        events.log(warm_runs.warm_start_line(storage, start))
+    return start.key
 
 
 def announce(

@@ -26,9 +26,21 @@ on CUDA and off on the CPU, where compiling is refused. Each decoder layer is co
 static shapes (`lm_loss.compile_layers`); rows are then padded to 64-token widths (`row_multiple`)
 so a run has few shapes, and the held-out loss runs the layers eagerly.
 
+Warm start (`resolve_start`): `init_adapter="latest"` is the newest FINISHED run of the artist
+on this LM size (`warm_start.latest_finished_run`, the DiT trainer's rule) of the adapter type
+asked for, or of any type when none was (its type, rank and alpha are then adopted); with none
+the run starts fresh. A start that cannot fit (`check_identity`) is refused before the weights
+load, and the run logs one line naming what it starts from.
+
+Trigger: prompts are rendered from text at train time, so a run trigger (`LmTrainSpec.trigger`)
+replaces every row's tag in the caption the adapter learns from (a row whose caption has its own
+tag baked in refuses another).
+
 bf16 weights with fp32 adapter masters under autocast on CUDA; float32 on CPU. Resumable
 checkpoints (`training.checkpoint`) are taken at epoch ends; a resumed run equals an
-uninterrupted one (data order is a function of (seed, epoch)).
+uninterrupted one (data order is a function of (seed, epoch)): it continues with the options and
+trigger in its checkpoint, and names each other value it was given as ignored
+(`options_from_checkpoint`).
 """
 
 from __future__ import annotations
@@ -69,13 +81,14 @@ from hotstep_ray.training import (
     holdout,
     lm_loss,
     lm_vram,
+    warm_start,
 )
 from hotstep_ray.training import lm_data as data
 from hotstep_ray.training.adapters import AdapterSpec
 from hotstep_ray.training.optim import build_optimizer
 from hotstep_ray.training.schedule import LrSchedule, MilestoneTracker, StopRule
 
-LOG_FILE = "lm_train_log.json"
+LOG_FILE = warm_start.LM_LOG_FILE  # "lm_train_log.json": what tells a finished run (warm_start)
 LOG_FORMAT = "hot-step-lm-train-v1"
 CHECKPOINT_DIR = "checkpoint"  # resumable state under the run folder, removed after export
 MILESTONE_DIR = "milestones"
@@ -293,24 +306,69 @@ def check_identity(source: AdapterIdentity, target: AdapterIdentity, where: str)
 
 
 def resolve_init_adapter(
-    storage: Storage, options: TrainLmOptions, base: str, artist: str
-) -> tuple[Storage, str] | None:
-    """(storage, key) of the adapter to start from, or None for scratch. `latest` = the newest
-    non-calibrated run of this artist under this size; anything else a storage key or local
+    storage: Storage, options: TrainLmOptions, base: str, artist: str, exclude: str = ""
+) -> tuple[Storage, warm_start.TrainedRun] | None:
+    """(storage, run) of the adapter to start from, or None for scratch. `latest` = the newest
+    FINISHED run of this artist under this size (`warm_start.latest_finished_run`, the DiT
+    trainer's rule too) of the adapter type asked for, or of any type when none was asked for
+    (its identity is then adopted), other than `exclude`; anything else a storage key or local
     folder holding weights."""
     value = options.init_adapter
     if not value:
         return None
     if value == "latest":
-        found = layout.latest_run_dir(storage, f"{base}/{artist}", skip_calibrated=True)
+        kind = options.adapter_type if "adapter_type" in options.model_fields_set else None
+        found = warm_start.latest_finished_run(storage, base, artist, kind, exclude=exclude)
         return (storage, found) if found else None
     with contextlib.suppress(Exception):
-        if layout.has_weights(storage, value):
-            return storage, value
+        if (run := warm_start.trained_run(storage, value)) is not None:
+            return storage, run
     local = Path(value)
-    if local.is_dir() and layout.has_weights(Storage(local), ""):
-        return Storage(local), ""
+    if local.is_dir() and (run := warm_start.trained_run(Storage(local), "")) is not None:
+        return Storage(local), run
     raise InputError(f"--init-adapter {value!r}: no adapter weights there")
+
+
+@dataclass(frozen=True)
+class StartPoint:
+    """Where a run's adapter starts (`resolve_start`)."""
+
+    options: TrainLmOptions  # after identity adoption
+    identity: AdapterIdentity  # what this run trains
+    init: tuple[Storage, str] | None  # the adapter to load first; None = fresh
+    init_from: dict[str, Any]  # what the log records of it ({} = fresh)
+    line: str  # the one line naming what the run starts from
+
+
+def resolve_start(
+    spec: LmTrainSpec, storage: Storage, dims: lm_vram.LmDims, size: str
+) -> StartPoint:
+    """The warm start of `spec` on an LM of `dims`/`size` (no weights loaded): the adapter
+    `init_adapter` resolves to, the options with its identity adopted where not given, checked
+    (`check_identity`: an adapter of another type, rank or base is refused), and the line the
+    run logs. Called by `setup_lm`, and by the Ray driver to refuse before the job starts."""
+    options = spec.options
+    base = layout.lm_adapter_base(size)
+    found = resolve_init_adapter(storage, options, base, spec.artist, exclude=spec.run_key)
+    if found is None:
+        kind = options.adapter_type if "adapter_type" in options.model_fields_set else None
+        line = (
+            warm_start.fresh_start_line(base, spec.artist, kind)
+            if options.init_adapter
+            else "no warm start (init adapter ''): starting fresh"
+        )
+        identity = model_identity(dims, AdapterSpec.from_options(options), size)
+        return StartPoint(options, identity, None, {}, line)
+    source_storage, run = found
+    init = (source_storage, run.key)
+    source, source_config = adapter_identity(*init)
+    options = adopt_identity(options, source, source_config)
+    identity = model_identity(dims, AdapterSpec.from_options(options), size)
+    url = source_storage.url_of(run.key)
+    check_identity(source, identity, url)
+    init_from = {"url": url, "identity": source.describe(), "loss": run.loss}
+    line = f"{warm_start.warm_start_line(source_storage, run)} ({source.describe()})"
+    return StartPoint(options, identity, init, init_from, line)
 
 
 # -- setup ---------------------------------------------------------------------------------------
@@ -445,6 +503,7 @@ def plan_data(
     if not storage.exists(spec.codes_key):
         raise InputError(f"{storage.url_of(spec.codes_key)}: missing (run preprocess first)")
     songs, bad = data.load_lm_codes(storage, spec.codes_key)
+    _check_run_trigger(spec, storage, songs)
     held: list[data.LmSong] = []
     split = None
     if options.holdout_fraction:
@@ -490,6 +549,22 @@ def plan_data(
     return plan
 
 
+def _check_run_trigger(spec: LmTrainSpec, storage: Storage, songs: list[data.LmSong]) -> None:
+    """A run trigger (`spec.trigger`) replaces each row's tag in the caption rendered at train
+    time, so it reaches the prompts the adapter learns from; a row whose writer baked its tag
+    into the caption (`trigger_applied`) keeps that tag, so another trigger would only be
+    stamped into the export's metadata: refused."""
+    if not spec.trigger:
+        return
+    baked = [s.song_id for s in songs if s.trigger_applied and s.custom_tag != spec.trigger]
+    if baked:
+        raise InputError(
+            f"--trigger {spec.trigger!r}: {len(baked)} songs of {storage.url_of(spec.codes_key)} "
+            f"carry their own tag baked into the caption ({', '.join(baked[:3])}), which a run "
+            "trigger cannot replace; leave --trigger out, or write their codes without it"
+        )
+
+
 def read_dims(lm_dir: str | Path) -> lm_vram.LmDims:
     """The LM's shape numbers from its folder's config.json (no weights read)."""
     config = json.loads((Path(lm_dir) / "config.json").read_text(encoding="utf-8"))
@@ -522,35 +597,29 @@ def setup_lm(
     world: int = 1,
     device: torch.device | None = None,
     events: EventLog | None = None,
+    log_start: bool = True,
 ) -> LmSetup:
+    """The run of `spec`, ready to train. With `log_start` it logs one line naming its warm
+    start (or that it starts fresh); callers that load a checkpoint into it (whose own line
+    names it), or whose driver logged the line already (Ray), pass False."""
     from hotstep_ray.models.text_models import load_lm
 
-    options, engine = spec.options, spec.engine
+    engine = spec.engine
     device = device or _device(engine)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     mode = compile_mode(engine.compile, device)  # refuse before anything loads
     pad = row_multiple(engine, mode != "off")
     budget = _budget(engine, device)
+    dims = read_dims(spec.lm_dir)
+    size = lm_size_of(dims, spec.options.lm_size)
+    # Where to start from, and the identity it implies: refused before the weights load.
+    start = resolve_start(spec, storage, dims, size)
+    options, identity, init, init_from = start.options, start.identity, start.init, start.init_from
+    adapter_spec = AdapterSpec.from_options(options)
     tokenizer = load_tokenizer(spec.lm_dir)
     model = load_lm(spec.lm_dir, device=device, dtype=dtype)
-    dims = lm_vram.LmDims.from_config(model.config)
-    size = lm_size_of(dims, options.lm_size)
     base = layout.lm_adapter_base(size)
     run_key = spec.run_key or layout.new_run_dir(storage, base, spec.artist)
-
-    # Where to start from, and the identity it implies.
-    init = resolve_init_adapter(storage, options, base, spec.artist)
-    init_from: dict[str, Any] = {}
-    source: AdapterIdentity | None = None
-    if init is not None:
-        source, source_config = adapter_identity(*init)
-        options = adopt_identity(options, source, source_config)
-        init_from = {"url": init[0].url_of(init[1]), "identity": source.describe()}
-        init_from["loss"] = source_config.get("saved_loss")
-    adapter_spec = AdapterSpec.from_options(options)
-    identity = model_identity(dims, adapter_spec, size)
-    if source is not None:
-        check_identity(source, identity, init_from["url"])
 
     # Data, then the memory plan for the largest micro-batch.
     plan = plan_data(spec, storage, tokenizer, dims, options, budget, pad)
@@ -643,6 +712,8 @@ def setup_lm(
         events=events,
         grad_flats=grad_flats,
     )
+    if log_start:
+        setup.log(start.line)
     _announce(setup, optimizer.split_summary())
     return setup
 
@@ -665,8 +736,6 @@ def _announce(setup: LmSetup, split: str) -> None:
     )
     for song in setup.skipped:
         setup.log(f"skipped {song.song_id}: {song.reason} {song.detail}".rstrip(), "warn")
-    if setup.init_from:
-        setup.log(f"continuing from {setup.init_from['url']} ({setup.init_from['identity']})")
     if setup.holdout is not None:
         held = ", ".join(setup.holdout["held_out"])
         setup.log(f"held out of training ({len(setup.held_out)} rendered): {held}")
@@ -928,6 +997,9 @@ def save_state(setup: LmSetup, state: LmTrainState, storage: Storage, key: str) 
         config={
             "options": setup.options.model_dump(mode="json"),
             "identity": setup.identity.__dict__,
+            # what the prompts were rendered with: a resumed run renders them the same way
+            "trigger": setup.spec.trigger,
+            "trigger_position": setup.spec.trigger_position,
         },
         extra=extra,
         fingerprint=setup.fingerprint,
@@ -1101,21 +1173,69 @@ def extract_only_result(extracted: data.ExtractResult) -> LmRunResult:
     return LmRunResult("", [extracted.key], {"extract": summary}, True)
 
 
-def options_from_checkpoint(spec: LmTrainSpec, storage: Storage) -> LmTrainSpec:
-    """`spec` with the options the checkpoint in `spec.run_key` was trained with (identity, data
-    split and schedule must match it), keeping this request's stages and calibration choices.
-    The weights come from the checkpoint, so no init adapter is loaded."""
+# The train-lm flag of each option whose flag is not its field's name.
+_FLAGS = {"learning_rate": "--lr", "lm_size": "--size"}
+
+
+def _flag(name: str, value: Any) -> str:
+    """An option as the train-lm command line writes it: `--epochs 10`, `--no-loss-on-cot`."""
+    flag = _FLAGS.get(name, "--" + name.replace("_", "-"))
+    if isinstance(value, bool):
+        return flag if value else f"--no-{flag[2:]}"
+    if isinstance(value, list):
+        return f"{flag} {','.join(map(str, value))}"
+    return f"{flag} {value!r}" if value == "" else f"{flag} {value}"
+
+
+def _shown(name: str, value: Any) -> str:
+    """The checkpoint's value, as the line that ignores a given one names it."""
+    if isinstance(value, bool):
+        return _flag(name, value)
+    return repr(value) if value == "" else str(value)
+
+
+def options_from_checkpoint(
+    spec: LmTrainSpec, storage: Storage, events: EventLog | None = None
+) -> LmTrainSpec:
+    """`spec` with the options the checkpoint in `spec.run_key` was trained with, and its
+    trigger, keeping this request's stages and calibration choices. The rule on resume: the run
+    continues exactly as it was started (identity, data split, schedule and epoch count are one
+    plan; a resumed run equals an uninterrupted one), so any other option given now is ignored,
+    and each one that differs gets one warning line (`--epochs 10 ignored: the run continues
+    with its own 40`). The weights come from the checkpoint, so no init adapter is loaded."""
     key = checkpoint_key(spec.run_key)
     if not storage.exists(f"{key}/{checkpoint.MANIFEST}"):
         raise InputError(
             f"{storage.url_of(spec.run_key)}: no training checkpoint to continue or export "
             "(a run trained with the export stage has none left: it is already exported)"
         )
-    saved = checkpoint.read_manifest(storage, key)["config"].get("options") or {}
+    config = checkpoint.read_manifest(storage, key)["config"]
+    saved = config.get("options") or {}
     keep = {"stages", "calibrate", "calibrate_repoint"}
     merged = {k: v for k, v in saved.items() if k not in keep}
     merged.update({k: getattr(spec.options, k) for k in keep}, init_adapter="")
-    return spec.model_copy(update={"options": TrainLmOptions(**merged)})
+    options = TrainLmOptions(**merged)
+    ignored = []
+    # the init adapter is moot (the checkpoint holds the weights), the adapter name a label the
+    # CLI always fills in (the run folder names the run): neither is worth a line
+    for name in sorted(spec.options.model_fields_set - keep - {"init_adapter", "adapter_name"}):
+        given, own = getattr(spec.options, name), getattr(options, name)
+        if given != own:
+            ignored.append(
+                f"{_flag(name, given)} ignored: the run continues with its own {_shown(name, own)}"
+            )
+    update: dict[str, Any] = {"options": options}
+    for name, flag in (("trigger", "--trigger"), ("trigger_position", "--trigger-position")):
+        if name not in config:  # a checkpoint written before the trigger was kept in it
+            continue
+        given, own = getattr(spec, name), config[name]
+        if name in spec.model_fields_set and given != own:
+            ignored.append(f"{flag} {given!r} ignored: the run continues with its own {own!r}")
+        update[name] = own
+    if events is not None:
+        for line in ignored:
+            events.log(line, "warn")
+    return spec.model_copy(update=update)
 
 
 def _train_and_save(
@@ -1127,14 +1247,15 @@ def _train_and_save(
 ) -> LmRunResult:
     """The train and/or export stages in this process."""
     stages = spec.options.stages
-    if resume or "train" not in stages:
+    from_checkpoint = resume or "train" not in stages
+    if from_checkpoint:
         if not spec.run_key:
             what = "resume" if resume else "the export stage without train"
             raise InputError(f"{what} needs the run folder (run_key) of the trained run")
-        spec = options_from_checkpoint(spec, storage)
-    setup = setup_lm(spec, storage, events=events)
+        spec = options_from_checkpoint(spec, storage, events)
+    setup = setup_lm(spec, storage, events=events, log_start=not from_checkpoint)
     ckpt_key = checkpoint_key(setup.run_key)
-    state = load_state(setup, storage, ckpt_key) if resume or "train" not in stages else None
+    state = load_state(setup, storage, ckpt_key) if from_checkpoint else None
     if "train" in stages:
         every = spec.engine.checkpoint_every
 

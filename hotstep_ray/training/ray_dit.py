@@ -49,7 +49,7 @@ from hotstep_ray.core.storage import Storage
 from hotstep_ray.distributed.gpu_share import VRAM_RESOURCE, gpu_worker_resources
 from hotstep_ray.distributed.ray_results import checkpoint_folder, results_location
 from hotstep_ray.distributed.runtime import die_after_checkpoint
-from hotstep_ray.training import adapters, dit, dit_data, dit_state, dit_vram
+from hotstep_ray.training import adapters, dit, dit_data, dit_setup, dit_state, dit_vram
 
 WORKERS_DIR = "workers"
 
@@ -154,6 +154,9 @@ def train_dit_on_ray(
         )
     settings = settings or dit.DitSettings()
     dit.check_run_folder(options, storage, settings)
+    # refused here, before any worker starts (a worker's refusal would end in a Ray traceback)
+    dit_setup.check_trigger_request(storage, settings, dataset, options.variant_key)
+    dit_setup.check_warm_start(options, storage, settings, dataset)
     predicted, folder = vram_request_gb(options, settings, storage, dataset)
     vram_gb = predicted if vram_gb is None else vram_gb
     declared = check_placement(ray, vram_gb)

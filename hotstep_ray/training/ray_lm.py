@@ -52,7 +52,10 @@ def _train_loop(config: dict[str, Any]) -> None:
     if spec.events_key and rank == 0:
         events = EventLog(jsonl_sink(storage, spec.events_key))
     device = ray.train.torch.get_device() if config["use_gpu"] else torch.device("cpu")
-    setup = lm.setup_lm(spec, storage, rank=rank, world=world, device=device, events=events)
+    # the driver logged the warm start already (`run_lm_on_ray`)
+    setup = lm.setup_lm(
+        spec, storage, rank=rank, world=world, device=device, events=events, log_start=False
+    )
     state = None
     restored = ray.train.get_checkpoint()
     if restored is not None:
@@ -141,7 +144,13 @@ def run_lm_on_ray(
     if resume:
         if not spec.run_key:
             raise InputError("resume needs the run folder (run_key) of the interrupted run")
-        spec = lm.options_from_checkpoint(spec, storage)
+        spec = lm.options_from_checkpoint(spec, storage, events)
+    else:  # the warm start, refused here rather than in a worker; its identity sizes the plan
+        dims = lm.read_dims(spec.lm_dir)
+        start = lm.resolve_start(spec, storage, dims, lm.lm_size_of(dims, spec.options.lm_size))
+        spec = spec.model_copy(update={"options": start.options})
+        if events is not None:
+            events.log(start.line)
     if use_gpu is None:
         use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     estimate = lm.memory_plan(spec, storage)

@@ -53,7 +53,7 @@ def test_cli_trains_and_exports(tmp_path, tiny_dit_dir, single_thread) -> None:
     args = [SLUG, "--data", str(tmp_path / "data"), "--checkpoints", str(tiny_dit_dir)]
     args += ["--no-ray", "--json", "--adapter-type", "lokr"]  # the only cache: turbo
     args += ["--lokr-dim", "8", "--lokr-factor", "4", "--epochs", "3", "--crop-frames", "48"]
-    args += ["--init-adapter", "", "--optimizer", "adamw", "--trigger", "zz", "--artist", "cli"]
+    args += ["--init-adapter", "", "--optimizer", "adamw", "--trigger", "zqx", "--artist", "cli"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output[result.output.index("{") :])
@@ -62,7 +62,7 @@ def test_cli_trains_and_exports(tmp_path, tiny_dit_dir, single_thread) -> None:
     run_key = storage.key_of(summary["run"])
     assert run_key.startswith("adapters/dit-turbo/cli/")
     assert storage.exists(f"{run_key}/lokr_weights.safetensors")
-    assert read_log(storage, run_key)["config"]["trigger"] == "zz"
+    assert read_log(storage, run_key)["config"]["trigger"] == "zqx"
     assert storage.exists(f"jobs/{summary['job']}/events.jsonl")
     bad = CliRunner().invoke(app, ["run", *args[:-2], "--artist", "cli", "--batch", "99"])
     assert bad.exit_code == 2 and "batch" in bad.output
