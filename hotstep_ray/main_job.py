@@ -54,7 +54,7 @@ from hotstep_ray.audio.example_songs import write_example_songs
 from hotstep_ray.core import layout
 from hotstep_ray.core.compile_cache import use_compile_cache
 from hotstep_ray.core.contracts import (
-    AUDIO_EXTENSIONS,
+    JOB_PHASES,
     BuildOptions,
     CaptionProviderChoice,
     CreateDatasetInput,
@@ -102,17 +102,7 @@ TINY_SECONDS = 2.0  # the tiny job's songs are cut here: VAE encoding dominates 
 AB_SEED = 42
 AUDITION_APP = "audition"
 # The stage names, in order: the main job's phases and the rows of the final table.
-STAGES = (
-    "dataset",
-    "label",
-    "build",
-    "checkpoints",
-    "preprocess",
-    "train-dit",
-    "train-lm",
-    "audition",
-    "report",
-)
+STAGES = JOB_PHASES["make"][1:]  # after "queued"
 
 # The embedded default needs no network and no keys: Essentia + the offline captioner, and only
 # fields a sidecar lacks are filled (a user's own caption or BPM is never replaced).
@@ -552,30 +542,10 @@ def dataset_stage(
 
 
 def check_songs_folder(songs: str, storage: Storage) -> Storage:
-    """The user's songs folder, or an `InputError` saying what to do: it must exist, hold audio,
-    and not contain the storage root (whose previews and renders the scan would take as songs)."""
-    from hotstep_ray.dataset.scan import ensure_folder, list_audio_keys
+    """The user's songs folder (`dataset.scan.check_songs_folder`'s rules), for `make`."""
+    from hotstep_ray.dataset.scan import check_songs_folder as check
 
-    source = Storage(songs)
-    if source.is_local and source.local_path("").is_file():
-        raise InputError(f"{source.url} is a file; give the folder that holds the songs")
-    try:
-        ensure_folder(source)
-    except InputError:
-        raise InputError(f"songs folder not found: {source.url}") from None
-    inside = storage.fs is source.fs and (
-        storage.root_path == source.root_path
-        or storage.root_path.startswith(source.root_path.rstrip("/") + "/")
-    )
-    if inside:
-        raise InputError(
-            f"the storage root {storage.url} is inside the songs folder {source.url}; "
-            "pass --data somewhere outside it"
-        )
-    if not list_audio_keys(source):
-        kinds = " ".join(AUDIO_EXTENSIONS)
-        raise InputError(f"no audio files ({kinds}) in {source.url}; give a folder of songs")
-    return source
+    return check(songs, storage, "pass --data somewhere outside it")
 
 
 def _check_readable(detail: DatasetDetail, where: str) -> None:

@@ -39,6 +39,7 @@ JobKind = Literal[
     "dit-calibrate",
     "mm3-codes",
     "mm3-train-lm",
+    "make",  # the whole flow from a folder of songs (the studio's make job)
 ]
 JobStatus = Literal["queued", "running", "done", "failed", "cancelled"]
 TERMINAL_JOB_STATUSES: frozenset[str] = frozenset({"done", "failed", "cancelled"})
@@ -493,6 +494,19 @@ JOB_PHASES: dict[str, tuple[str, ...]] = {
         "audition-decode",
         "audition-render",
         "audition-writing",
+    ),
+    # the main job's stages (main_job.STAGES), the studio's make job
+    "make": (
+        "queued",
+        "dataset",
+        "label",
+        "build",
+        "checkpoints",
+        "preprocess",
+        "train-dit",
+        "train-lm",
+        "audition",
+        "report",
     ),
 }
 

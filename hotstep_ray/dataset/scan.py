@@ -270,3 +270,29 @@ def scan_preview(source: Storage, recursive: bool = True) -> ScanPreview:
         sample_names=keys[:PREVIEW_NAMES],
         warnings=warnings + cap_warnings + summary_warnings(len(keys), 0, source.url),
     )
+
+
+def check_songs_folder(songs: str, storage: Storage, move_root: str) -> Storage:
+    """The user's songs folder, or an `InputError` saying what to do: it must be a folder that
+    exists, holds audio, and does not contain the storage root `storage` (whose previews and
+    renders a scan would take as songs). `move_root` is the caller's way to fix that last one
+    ("pass --data somewhere outside it")."""
+    source = Storage(songs)
+    if source.is_local and source.local_path("").is_file():
+        raise InputError(f"{source.url} is a file; give the folder that holds the songs")
+    try:
+        ensure_folder(source)
+    except InputError:
+        raise InputError(f"songs folder not found: {source.url}") from None
+    inside = storage.fs is source.fs and (
+        storage.root_path == source.root_path
+        or storage.root_path.startswith(source.root_path.rstrip("/") + "/")
+    )
+    if inside:
+        raise InputError(
+            f"the storage root {storage.url} is inside the songs folder {source.url}; {move_root}"
+        )
+    if not list_audio_keys(source):
+        kinds = " ".join(AUDIO_EXTENSIONS)
+        raise InputError(f"no audio files ({kinds}) in {source.url}; give a folder of songs")
+    return source

@@ -1,4 +1,5 @@
-"""Dataset routes: scan preview, create, list, detail, settings, samples, bulk edits, build.
+"""Dataset routes: scan preview, create, list, detail, settings, samples, bulk edits, build, and
+the songs grid (`/datasets/{id}/songs`: one row per song, one song's fields fixed by hand).
 
 Thin: each handler checks the paths a request names, finds the dataset, and calls
 `dataset.store`. Status codes: 201 created, 202 job started, 403 path outside the allowed roots,
@@ -23,7 +24,7 @@ from hotstep_ray.core.contracts import (
 from hotstep_ray.core.errors import HotstepError, InputError, StorageError
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.dataset import store
-from hotstep_ray.dataset.scan import scan_preview
+from hotstep_ray.dataset.scan import probe_sample, scan_preview
 from hotstep_ray.studio.context import Studio
 from hotstep_ray.studio.errors import ConflictError, NotFoundError
 from hotstep_ray.studio.models import (
@@ -32,7 +33,13 @@ from hotstep_ray.studio.models import (
     BulkInput,
     BulkResult,
     PatchDatasetInput,
+    Song,
+    SongPatch,
 )
+
+# Jobs that write songs' sidecars: an edit made while one runs could be overwritten by it, or
+# overwrite what it just wrote.
+SIDECAR_WRITING_KINDS = frozenset({"label", "make"})
 
 
 def _folder(studio: Studio, raw: str, what: str) -> Storage:
@@ -119,6 +126,38 @@ def router(studio: Studio) -> APIRouter:
         summary = find_dataset(studio, dataset_id)
         return {"sample": _patch_one(studio, summary, sample_id, patch).to_json_dict()}
 
+    @api.get("/datasets/{dataset_id}/songs")
+    def list_songs(dataset_id: str) -> dict[str, Any]:
+        summary = find_dataset(studio, dataset_id)
+        detail = store.scan_dataset(storage, summary)
+        return {
+            "datasetId": summary.id,
+            "slug": summary.slug,
+            "songs": [Song.of(s).to_json_dict() for s in detail.samples],
+            "warnings": detail.warnings,
+        }
+
+    @api.get("/datasets/{dataset_id}/songs/{sample_id}")
+    def get_song(dataset_id: str, sample_id: str) -> dict[str, Any]:
+        summary = find_dataset(studio, dataset_id)
+        return {"song": _one_song(studio, summary, sample_id).to_json_dict()}
+
+    @api.patch("/datasets/{dataset_id}/songs/{sample_id}")
+    def patch_song(dataset_id: str, sample_id: str, patch: SongPatch) -> dict[str, Any]:
+        """Write the given fields into the song's sidecar (atomically, the original kept as
+        `<stem>.txt.bak`: `dataset.sidecar.write_sidecar`) and return the song as re-read."""
+        summary = find_dataset(studio, dataset_id)
+        changes = patch.model_dump(exclude_unset=True)
+        if not changes:
+            raise InputError(f"name a field to change: {', '.join(SongPatch.model_fields)}")
+        running = studio.jobs.active_job_for(summary.id)
+        if running and studio.jobs.get(running).kind in SIDECAR_WRITING_KINDS:
+            raise ConflictError(
+                f"job {running} is writing this dataset's sidecars; edit the song when it ends"
+            )
+        sample = _patch_one(studio, summary, sample_id, PatchSampleInput(**changes))
+        return {"song": Song.of(sample, full=True).to_json_dict()}
+
     @api.post("/datasets/{dataset_id}/samples/bulk")
     def bulk_set(dataset_id: str, body: BulkInput) -> dict[str, Any]:
         summary = find_dataset(studio, dataset_id)
@@ -169,6 +208,17 @@ def _patch_one(studio: Studio, summary: DatasetSummary, sample_id: str, patch: P
     if not source.exists(rel_path):
         raise ConflictError(f"{rel_path} is missing from disk; it cannot be edited")
     return store.patch_sample(studio.storage, summary.slug, sample_id, patch)
+
+
+def _one_song(studio: Studio, summary: DatasetSummary, sample_id: str) -> Song:
+    """One song as a scan of the whole folder would show it, reading only its own files."""
+    source = Storage(summary.source_dir)
+    try:
+        rel_path = store.find_rel_path(studio.storage, summary, source, sample_id)
+    except InputError as exc:
+        raise NotFoundError(str(exc)) from exc
+    label = store.read_label(studio.storage, summary.slug, sample_id)
+    return Song.of(store.apply_label(probe_sample(source, rel_path), label), full=True)
 
 
 def _read_built(storage: Storage, summary: DatasetSummary) -> Any:

@@ -21,11 +21,11 @@ import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel
 
-from hotstep_ray.core.contracts import DatasetSummary
+from hotstep_ray.core.contracts import DatasetSummary, JobKind
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.studio.errors import ServiceUnavailableError, StageUnavailableError
@@ -104,6 +104,14 @@ STAGES: dict[str, StageSpec] = {
             needs=("dit", "vae", "text_encoder"),
             runner_resources="hotstep_ray.studio.audition_job:runner_actor_options",
         ),
+        # The whole `hotstep-ray make` flow as one job (`make_job.py`, its own route). It checks
+        # its checkpoints itself and falls back to the tiny tree, so it lists no `needs`.
+        StageSpec(
+            "make",
+            "hotstep_ray.studio.make_job:MakeJobOptions",
+            ("hotstep_ray.main_job:run_main_job",),
+            "hotstep_ray.studio.make_job:run_make",
+        ),
     )
 }
 # Kinds started by `POST /datasets/{id}/{kind}` (build has its own route, as in the seed).
@@ -121,6 +129,15 @@ def _import(path: str) -> Any:
             return None
         raise
     return getattr(module, attr, None)
+
+
+def load_object(path: str) -> Any:
+    """`module:attr`, imported (for an adapter that needs more of its stage's module than the
+    entry point); StageUnavailableError when it is not there."""
+    found = _import(path)
+    if found is None:
+        raise StageUnavailableError(f"{path} is not available")
+    return found
 
 
 def _defined(path: str) -> bool:
@@ -170,6 +187,12 @@ def resolve(kind: str) -> Resolved:
     spec = STAGES.get(kind)
     if spec is None:
         raise StageUnavailableError(f"unknown job kind {kind!r}")
+    if kind not in get_args(JobKind):
+        # Every job record is a `JobSummary`, whose kind is `JobKind`: a kind it does not name
+        # could not even be queued.
+        raise StageUnavailableError(
+            f"{kind} is not available yet: core.contracts.JobKind does not name it"
+        )
     try:
         options_model = _import(spec.options) if _defined(spec.options) else None
         entry = next((path for path in spec.entries if _defined(path)), None)

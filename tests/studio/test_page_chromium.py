@@ -1,8 +1,10 @@
 """The studio page in a real headless Chromium (Debian's `chromium`), driven over the DevTools
 protocol against the server that ran the whole pipeline (a bearer token is configured):
 the token typed into the page unlocks it; a dataset created from the form is listed with its
-warning; a build started from the page shows its progress live; the train-dit job draws a loss
-chart with one point per reported step; the audition preview plays in `<audio>` players.
+warning; a song's caption fixed in the edit dialog lands in its sidecar on disk (a bad BPM is
+refused in the dialog first); a build started from the page shows its progress live; the
+train-dit job draws a loss chart with one point per reported step; the audition preview plays in
+`<audio>` players; the make form reports a refused folder.
 
 Skipped only when chromium is absent and `CI` is unset: on CI a missing browser is a failure
 (install it with `apt-get install -y chromium`)."""
@@ -44,8 +46,15 @@ def test_the_page_drives_the_studio(chromium, studio_pipeline, rendered_songs, t
     pipeline = studio_pipeline
     more = pipeline.root / "library" / "one-more"
     more.mkdir()
-    song = next(p for p in rendered_songs.iterdir() if p.name.startswith(PIPELINE_SONGS[0]))
+    song = next(
+        p
+        for p in rendered_songs.iterdir()
+        if p.name.startswith(PIPELINE_SONGS[0]) and p.suffix != ".txt"
+    )
     shutil.copy(song, more / song.name)
+    sidecar = more / f"{song.stem}.txt"
+    shutil.copy(rendered_songs / sidecar.name, sidecar)  # the song's own caption, to fix
+    original = sidecar.read_bytes()
 
     with Chromium(chromium, tmp_path / "profile") as page:
         page.navigate(pipeline.url + "/")
@@ -97,6 +106,43 @@ def test_the_page_drives_the_studio(chromium, studio_pipeline, rendered_songs, t
         warnings = page.evaluate("document.getElementById('detail-warnings').textContent")
         assert "Only 1 samples" in warnings
         assert page.evaluate("document.querySelectorAll('#samples tbody tr').length") == 1
+
+        # -- fix the song's caption in the edit dialog: a bad BPM first (refused in the dialog)
+        page.evaluate("document.querySelector('#samples tbody tr').click()")
+        page.wait_for("document.getElementById('song-dialog').open")
+        page.wait_for("document.getElementById('song-caption').value !== ''")
+        page.evaluate(
+            "document.getElementById('song-caption').value = 'Sunrise synth-pop, fixed by hand';"
+            "document.getElementById('song-bpm').value = 'fast';"
+            "document.getElementById('song-form').requestSubmit()"
+        )
+        page.wait_for("!document.getElementById('song-error').hidden")
+        error = page.evaluate("document.getElementById('song-error').textContent")
+        assert error.startswith("bpm:") and "whole number" in error, error
+        assert sidecar.read_bytes() == original  # nothing written
+        shots.append(page.screenshot(tmp_path / "studio-song-dialog.png"))
+        page.evaluate(
+            "document.getElementById('song-bpm').value = '118';"
+            "document.getElementById('song-form').requestSubmit()"
+        )
+        page.wait_for("!document.getElementById('song-dialog').open")
+        page.wait_for(
+            "document.querySelector('#samples tbody tr td:nth-child(5)').textContent"
+            " === 'Sunrise synth-pop, fixed by hand'"
+        )
+        text = sidecar.read_text()
+        assert "caption: Sunrise synth-pop, fixed by hand\n" in text and "bpm: 118\n" in text
+        assert (more / f"{sidecar.name}.bak").read_bytes() == original
+
+        # -- the make form: a folder outside the allowed roots is refused with one message
+        page.evaluate(
+            f"document.getElementById('make-songs').value = {_js(str(tmp_path))};"
+            "document.getElementById('make-form').requestSubmit()"
+        )
+        page.wait_for("document.getElementById('notice').textContent.startsWith('Could not start')")
+        assert "outside the allowed roots" in page.evaluate(
+            "document.getElementById('notice').textContent"
+        )
 
         # -- a job started from the page: its progress appears as it runs, then done
         page.evaluate("document.querySelector('button[data-kind=\"build\"]').click()")

@@ -1,4 +1,6 @@
-// The studio page: datasets, jobs with live progress, a loss chart, audition players.
+// The studio page: make an adapter from a folder (one job, its stages live, then the timeline and
+// an A/B), datasets with a songs grid whose fields can be fixed by hand, jobs with live progress,
+// a loss chart, audition players.
 // Plain DOM, no framework and nothing fetched from outside this server. Every API call sends
 // the bearer token typed into the page (kept in this tab's sessionStorage, never in a URL);
 // job events are read as Server-Sent Events through fetch() so the token stays in a header.
@@ -10,6 +12,10 @@ const TOKEN_KEY = "hotstep-token";
 const JOBS_POLL_MS = 2000;
 const LOG_LINES_KEPT = 400;
 const LOSS_METRICS = ["step", "epoch"]; // per-step points when there are any, else per epoch
+// The make job's stages in order (`main_job.STAGES`); a stage not listed here is added as seen.
+const MAKE_STAGES = ["dataset", "label", "build", "checkpoints", "preprocess", "train-dit", "train-lm", "audition", "report"];
+// The song fields the edit dialog writes (the PATCH body's keys) and their inputs.
+const SONG_FIELDS = { caption: "song-caption", lyrics: "song-lyrics", bpm: "song-bpm", key: "song-key", signature: "song-signature", language: "song-language" };
 
 const state = {
   token: sessionStorage.getItem(TOKEN_KEY) || "",
@@ -19,6 +25,9 @@ const state = {
   jobId: "", // the job shown in the job view
   stream: null, // AbortController of the job's event stream
   audioUrls: [], // blob: URLs to revoke when the players are replaced
+  make: { jobId: "", stream: null, audioUrls: [], followed: false },
+  songs: [], // the selected dataset's songs grid
+  song: null, // the song open in the edit dialog (its fields as loaded)
 };
 
 const $ = (id) => document.getElementById(id);
@@ -176,24 +185,268 @@ async function showDataset(slug) {
   $("detail-warnings").replaceChildren(
     ...(detail.warnings || []).map((w) => el("li", { text: w })),
   );
-  $("samples").tBodies[0].replaceChildren(
-    ...detail.samples.map((s) =>
-      el(
-        "tr",
-        { "data-sample": s.sampleId, title: s.relPath },
-        el("td", { text: s.filename }),
-        el("td", { text: seconds(s.duration) }),
-        el("td", { text: s.bpm ? String(s.bpm) : "" }),
-        el("td", { text: s.key || "" }),
-        el("td", { text: s.caption || "", title: s.caption || "" }),
-        el("td", { text: s.excluded ? "excluded" : s.labelStatus }),
-      ),
-    ),
-  );
+  await refreshSongs();
   for (const row of $("datasets").tBodies[0].rows) {
     row.classList.toggle("selected", row.dataset.slug === slug);
   }
   await refreshPreviews();
+}
+
+// -- the songs grid and the edit dialog ------------------------------------------------------
+async function refreshSongs() {
+  if (!state.detail) return;
+  const { songs } = await api(`${API}/datasets/${encodeURIComponent(state.detail.slug)}/songs`);
+  state.songs = songs;
+  $("samples").tBodies[0].replaceChildren(...songs.map(songRow));
+}
+
+function songRow(song) {
+  const label = song.excluded ? "excluded" : song.fileMissing ? "missing" : song.labelStatus;
+  const row = el(
+    "tr",
+    { class: "clickable", "data-sample": song.sampleId, title: song.file },
+    el("td", { text: song.file }),
+    el("td", { text: seconds(song.duration) }),
+    el("td", { text: song.bpm ? String(song.bpm) : "" }),
+    el("td", { text: song.key || "" }),
+    el("td", { text: song.caption || "", title: song.caption || "" }),
+    el("td", { text: song.lyricsExcerpt || "", title: song.lyricsExcerpt || "" }),
+    el("td", { text: song.error ? "error" : label, title: song.error || "", class: song.error ? "label-error" : "" }),
+  );
+  row.addEventListener("click", () => openSong(song.sampleId));
+  return row;
+}
+
+function songUrl(sampleId) {
+  return `${API}/datasets/${encodeURIComponent(state.detail.slug)}/songs/${encodeURIComponent(sampleId)}`;
+}
+
+async function openSong(sampleId) {
+  if (!state.detail) return;
+  try {
+    const { song } = await api(songUrl(sampleId)); // in full: the grid holds an excerpt of the lyrics
+    state.song = song;
+    $("song-title").textContent = song.file.split("/").pop();
+    const facts = [song.file, seconds(song.duration), song.excluded ? "excluded" : song.labelStatus, song.error];
+    $("song-file").textContent = facts.filter(Boolean).join(" · ");
+    for (const [field, id] of Object.entries(SONG_FIELDS)) {
+      $(id).value = song[field] === null || song[field] === undefined ? "" : String(song[field]);
+    }
+    showSongError("");
+    $("song-dialog").dataset.sample = sampleId;
+    if (!$("song-dialog").open) $("song-dialog").showModal();
+  } catch (error) {
+    notify(`Could not open the song: ${error.message}`);
+  }
+}
+
+function showSongError(message) {
+  $("song-error").textContent = message;
+  $("song-error").hidden = !message;
+}
+
+// Only the fields the user changed are sent: a field left alone is never rewritten.
+function songChanges() {
+  const changes = {};
+  for (const [field, id] of Object.entries(SONG_FIELDS)) {
+    const before = state.song[field] === null || state.song[field] === undefined ? "" : String(state.song[field]);
+    const now = $(id).value;
+    if (now === before) continue;
+    // bpm goes as typed: the server parses it and answers a readable 422 for "fast" or 2000
+    if (field === "bpm") changes.bpm = now.trim() === "" ? null : now.trim();
+    else changes[field] = now;
+  }
+  return changes;
+}
+
+$("song-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  if (!state.song || !state.detail) return;
+  const changes = songChanges();
+  if (!Object.keys(changes).length) {
+    $("song-dialog").close();
+    return;
+  }
+  $("song-save").disabled = true;
+  try {
+    const { song } = await api(songUrl(state.song.sampleId), { method: "PATCH", body: changes });
+    const index = state.songs.findIndex((s) => s.sampleId === song.sampleId);
+    if (index >= 0) {
+      state.songs[index] = song;
+      const old = $("samples").querySelector(`tr[data-sample="${CSS.escape(song.sampleId)}"]`);
+      if (old) old.replaceWith(songRow(song));
+    }
+    state.song = null;
+    $("song-dialog").close();
+    notify(`Saved ${song.file}: its sidecar is updated (the original is kept as .bak).`, "info");
+    $("song-dialog").dataset.saved = song.sampleId;
+  } catch (error) {
+    showSongError(error.message); // 422 names the field: the dialog stays open to fix it
+  } finally {
+    $("song-save").disabled = false;
+  }
+});
+
+$("song-cancel").addEventListener("click", () => {
+  state.song = null;
+  $("song-dialog").close();
+});
+
+// -- make an adapter (one job: main_job's stages, then the timeline and the A/B) -----------
+$("make-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const body = {
+    songsDir: $("make-songs").value.trim(),
+    trainOnRay: $("make-ray").checked,
+    audition: $("make-audition").checked,
+  };
+  const name = $("make-name").value.trim();
+  const tag = $("make-tag").value.trim();
+  const epochs = $("make-epochs").value.trim();
+  if (name) body.name = name;
+  if (tag) body.tag = tag;
+  if (epochs) body.epochs = Number(epochs);
+  $("make-start").disabled = true;
+  try {
+    const answer = await api(`${API}/make`, { method: "POST", body });
+    notify(`Making an adapter from ${answer.dataset.name} (job ${answer.jobId}).`, "info");
+    followMake(answer.jobId);
+    await refreshDatasets().catch(() => {});
+    await refreshJobs().catch(() => {});
+    await showDataset(answer.dataset.slug).catch(() => {}); // its songs, while the job runs
+  } catch (error) {
+    notify(`Could not start: ${error.message}`);
+  } finally {
+    $("make-start").disabled = false;
+  }
+});
+
+function followMake(jobId) {
+  const make = state.make;
+  if (make.stream) make.stream.abort();
+  make.jobId = jobId;
+  make.followed = true;
+  const view = { id: jobId, status: "queued", stage: "", phase: "", done: 0, total: 0, seen: [], failedStage: "" };
+  $("make-view").hidden = false;
+  $("make-result").hidden = true;
+  $("make-ab").hidden = true;
+  $("make-error").hidden = true;
+  renderMake(view);
+  const controller = new AbortController();
+  make.stream = controller;
+  readEvents(jobId, controller.signal, (event) => onMakeEvent(view, event)).catch((error) => {
+    if (error.name !== "AbortError") notify(`make: event stream: ${error.message}`);
+  });
+}
+
+function onMakeEvent(view, event) {
+  if (state.make.jobId !== view.id) return;
+  switch (event.type) {
+    case "job":
+      view.status = event.job.status;
+      view.datasetId = event.job.datasetId;
+      break;
+    case "progress":
+      if (event.stage) {
+        // labels are written by now: the songs grid shows them
+        if (event.stage === "build" && state.detail && state.detail.id === view.datasetId) {
+          refreshSongs().catch(() => {});
+        }
+        view.stage = event.stage;
+        if (!view.seen.includes(event.stage)) view.seen.push(event.stage);
+        view.phase = "";
+      } else if (event.phase) {
+        view.phase = event.phase; // a stage's own step (probe, essentia, train, ...)
+      }
+      Object.assign(view, { done: event.done, total: event.total });
+      break;
+    case "status":
+      view.status = event.status;
+      if (event.status !== "done") view.failedStage = view.stage;
+      if (event.error) {
+        $("make-error").textContent = event.error;
+        $("make-error").hidden = false;
+      }
+      showMakeResult(view);
+      break;
+    default:
+      return;
+  }
+  renderMake(view);
+}
+
+function renderMake(view) {
+  pill($("make-status"), view.status);
+  const running = !["done", "failed", "cancelled"].includes(view.status);
+  $("make-stage").textContent = running && view.stage ? `Stage: ${view.stage}` : "";
+  $("make-phase").textContent = running && view.phase ? view.phase : "";
+  const names = [...MAKE_STAGES, ...view.seen.filter((n) => !MAKE_STAGES.includes(n))];
+  $("make-stages").replaceChildren(
+    ...names.map((name) => {
+      let cls = "";
+      if (name === view.failedStage) cls = "failed";
+      else if (name === view.stage && running) cls = "current";
+      else if (view.seen.includes(name)) cls = "done";
+      return el("li", { class: cls, "data-stage": name, text: name });
+    }),
+  );
+  const bar = $("make-progress");
+  bar.max = view.total || 1;
+  bar.value = view.total ? view.done : view.status === "done" ? 1 : 0;
+  bar.hidden = !running && view.status !== "done";
+}
+
+async function showMakeResult(view) {
+  await refreshJobs().catch(() => {});
+  await refreshDatasets().catch(() => {});
+  if (view.status !== "done" || state.make.jobId !== view.id) return;
+  let result;
+  try {
+    result = await api(`${API}/jobs/${encodeURIComponent(view.id)}/result`);
+  } catch (error) {
+    notify(`make: result: ${error.message}`);
+    return;
+  }
+  for (const li of $("make-stages").children) {
+    const row = result.stages.find((r) => r.name === li.dataset.stage);
+    if (row && row.summary.startsWith("skipped")) li.className = "skipped";
+  }
+  $("make-timeline").tBodies[0].replaceChildren(
+    ...result.stages.map((row) =>
+      el(
+        "tr",
+        { "data-stage": row.name, title: row.artifact || "" },
+        el("td", { text: row.name }),
+        el("td", { text: `${row.seconds.toFixed(1)} s` }),
+        el("td", { text: row.summary }),
+        el("td", { text: row.loss || "" }),
+      ),
+    ),
+  );
+  const adapters = [
+    ["DiT adapter", result.dit],
+    ["LM adapter", result.lm],
+  ].filter(([, run]) => run);
+  $("make-adapters").replaceChildren(
+    ...adapters.flatMap(([name, run]) => [el("dt", { text: name }), el("dd", { text: run.url, title: run.adapter_id })]),
+  );
+  $("make-result").hidden = false;
+  if (result.ab && result.ab.preview_id) showMakeAb(result.ab);
+  if (state.detail && result.dataset && state.detail.id === result.dataset.id) {
+    await showDataset(state.detail.slug).catch(() => {});
+  }
+}
+
+function showMakeAb(ab) {
+  for (const url of state.make.audioUrls.splice(0)) URL.revokeObjectURL(url);
+  $("make-ab-caption").textContent = `“${ab.caption}” · seed ${ab.seed} · the same seed on both sides`;
+  for (const side of document.querySelectorAll("#make-ab .ab-side")) {
+    const slot = side.dataset.slot;
+    const player = el("audio", { controls: true, preload: "none", "data-slot": slot });
+    side.replaceChildren(side.querySelector("figcaption"), player);
+    loadAudio(player, `${API}/previews/${encodeURIComponent(ab.preview_id)}/${slot}`, state.make.audioUrls);
+  }
+  $("make-ab").hidden = false;
 }
 
 // -- starting jobs ---------------------------------------------------------------------------
@@ -252,11 +505,19 @@ async function refreshJobs() {
         el("td", {}, bar, el("div", { class: "muted", text: progressText(job) })),
       );
       if (job.id === state.jobId) row.classList.add("selected");
-      row.addEventListener("click", () => selectJob(job.id));
+      row.addEventListener("click", () => {
+        selectJob(job.id);
+        if (job.kind === "make" && job.id !== state.make.jobId) followMake(job.id);
+      });
       return row;
     }),
   );
   $("jobs-empty").hidden = jobs.length > 0;
+  if (!state.make.followed) {
+    // A reloaded page picks up the newest make job: its progress, or its timeline and A/B.
+    const make = jobs.find((job) => job.kind === "make");
+    if (make) followMake(make.id);
+  }
 }
 
 function selectJob(jobId) {
@@ -475,12 +736,12 @@ function previewBox(preview) {
 }
 
 // <audio src> cannot send a header: fetch the bytes with the token and play a blob URL.
-async function loadAudio(player, url) {
+async function loadAudio(player, url, urls = state.audioUrls) {
   try {
     const response = await fetch(url, { headers: headers() });
     if (!response.ok) throw new ApiError(response.status, `HTTP ${response.status}`);
     const blobUrl = URL.createObjectURL(await response.blob());
-    state.audioUrls.push(blobUrl);
+    urls.push(blobUrl);
     player.src = blobUrl;
     player.dataset.loaded = "1";
   } catch (error) {
