@@ -37,8 +37,9 @@ BUCKET = "hotstep-bucket"
 TAG = "clstag"
 # name, seconds, sample rate, caption: short songs (the tiny VAE costs ~1 s CPU per audio second)
 SONGS = (
-    ("one.wav", 1.0, 48000, "bright test tone with a steady pulse"),
-    ("two.flac", 1.0, 44100, "dark test tone, slow and calm"),
+    # 2 s each: past the shortest song labeling accepts (labeling.analysis, 1.5 s)
+    ("one.wav", 2.0, 48000, "bright test tone with a steady pulse"),
+    ("two.flac", 2.0, 44100, "dark test tone, slow and calm"),
 )
 
 
