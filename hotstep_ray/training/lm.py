@@ -114,7 +114,8 @@ class LmEngine(BaseModel):
     attention: str = "sdpa"  # sdpa | varlen | flex_attention | eager
     # torch.compile of each decoder layer (`compile_mode`): auto = reduce-overhead (Inductor +
     # CUDA graphs) on one CUDA GPU when no layer is checkpointed, default when some are or under
-    # DDP (`compiling.with_graphs`), off on the CPU.
+    # DDP (`compiling.with_graphs`), off on the CPU, and off for a run too short to repay its
+    # compiles (`lm_data.compile_pays`).
     # Compiled layers with graphs are the fastest mode on one GPU; the first step of each new
     # row width compiles (docs/BENCHMARKS.md, rows `lm-4b-modes` and `lm-4b-song`, and the LM
     # table's note on compiling).
@@ -626,6 +627,15 @@ def setup_lm(
     if mode != "off" and not engine.pad_multiple:  # compiled, width multiple left to us
         pad = data.pick_pad_multiple(plan.examples, plan.groups, options.epochs)
         plan.step_tokens = data.largest_step(plan.examples, plan.groups, pad)
+    eager_note = ""
+    if engine.compile == "auto" and mode != "off":  # an explicit mode is kept
+        if not data.compile_pays(plan.examples, plan.groups, options.epochs, pad):
+            mode, pad = "off", row_multiple(engine, False)
+            plan.step_tokens = data.largest_step(plan.examples, plan.groups, pad)
+            eager_note = (
+                f"{options.epochs} epochs of {len(plan.groups)} micro-batches: training eagerly, "
+                "compiling would take longer than it saves (--compile default compiles anyway)"
+            )
     vram = _checkpoint_layers(
         engine,
         dims,
@@ -714,6 +724,8 @@ def setup_lm(
     )
     if log_start:
         setup.log(start.line)
+    if eager_note:
+        setup.log(eager_note)
     _announce(setup, optimizer.split_summary())
     return setup
 

@@ -640,6 +640,27 @@ def compiled_shapes(
     return {(len(g), row_width(examples, g, pad_multiple)) for g in groups}
 
 
+# An eager step costs about this many compiled ones at the same shape: the 4B's eager and
+# compiled + graphs steps on one song (docs/BENCHMARKS.md, rows `lm-4b-modes` and `lm-4b-song`).
+EAGER_SLOWDOWN = 3.0
+
+
+def compile_pays(
+    examples: Sequence[LmExample],
+    groups: Sequence[Group],
+    epochs: int,
+    pad_multiple: int,
+    compile_cost_tokens: int = COMPILE_COST_TOKENS,
+    slowdown: float = EAGER_SLOWDOWN,
+) -> bool:
+    """Whether compiling the layers shortens the run, in compiled-token time: eagerly its
+    `epochs` epochs of tokens cost `slowdown` times as much, compiled they cost one each plus
+    one compile per micro-batch shape. A first try of a few songs and epochs runs sooner eager."""
+    shapes = len(compiled_shapes(examples, groups, pad_multiple))
+    tokens = epochs * sum(len(g) * row_width(examples, g, pad_multiple) for g in groups)
+    return (slowdown - 1.0) * tokens > shapes * compile_cost_tokens
+
+
 def pick_pad_multiple(
     examples: Sequence[LmExample],
     groups: Sequence[Group],
