@@ -12,21 +12,12 @@ import time
 import pytest
 from live_server import API, LiveServer, http_json, read_sse
 
+from hotstep_ray.core.contracts import JOB_PHASES
 from hotstep_ray.studio.app import create_app
 from hotstep_ray.studio.config import StudioConfig
 
-# The stage timeline of `main_job.STAGES`, in order.
-STAGE_ROWS = [
-    "dataset",
-    "label",
-    "build",
-    "checkpoints",
-    "preprocess",
-    "train-dit",
-    "train-lm",
-    "audition",
-    "report",
-]
+# The stage timeline, in order (tests/test_main_job.py spells it out).
+STAGE_ROWS = list(JOB_PHASES["make"][1:])
 MAKE_SONGS = ("01_morning_drive", "05_untitled")  # a sidecar with a caption, and none at all
 
 
