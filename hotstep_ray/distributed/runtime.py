@@ -63,3 +63,41 @@ def die_after_checkpoint(fail_at_step: int | None, step: int) -> None:
 
     ray.train.get_all_reported_checkpoints(timeout_s=60)
     os._exit(17)
+
+
+def remove_orphaned_placement_groups() -> list[str]:
+    """Remove the placement groups an actor created and died holding; their ids (hex).
+
+    Ray frees a group that is not detached only once its creator actor AND its creator job are
+    dead. A Ray Train job started by a studio job runner leaves one behind when the runner is
+    killed (cancel): the Train controller that created the group dies with the runner, but the
+    job (the studio server's driver) lives on, and Ray Train's own cleaner asks the State API,
+    which needs the dashboard the studio's local Ray starts without. The group then holds its CPU
+    (a GPU on a GPU box) and later jobs queue behind it forever. Reads the GCS's placement-group
+    table (Ray's private state accessor, as `ray.util.placement_group_table` does) for the
+    creator fields that function leaves out; returns [] where that accessor is unavailable."""
+    import ray
+    from ray.util import placement_group_table, remove_placement_group
+    from ray.util.placement_group import PlacementGroup
+
+    try:
+        from ray._private.state import state
+        from ray.core.generated import gcs_pb2
+
+        table = state._connect_and_get_accessor().get_placement_group_table()
+    except Exception:  # another Ray version's internals: nothing to free by this rule
+        logging.getLogger(__name__).debug("placement-group table unavailable", exc_info=True)
+        return []
+    nil = ray.ActorID.nil().binary()
+    removed = []
+    for raw in table:
+        data = gcs_pb2.PlacementGroupTableData.FromString(raw)
+        created_by_actor = data.creator_actor_id and data.creator_actor_id != nil
+        alive = data.state != gcs_pb2.PlacementGroupTableData.REMOVED
+        if alive and created_by_actor and data.creator_actor_dead and not data.is_detached:
+            group = PlacementGroup(ray.PlacementGroupID(data.placement_group_id))
+            remove_placement_group(group)
+            removed.append(group.id.hex())
+    if removed:
+        placement_group_table()  # a round trip to the GCS: the removals have been applied
+    return removed

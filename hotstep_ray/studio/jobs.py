@@ -139,6 +139,35 @@ def kill_runner(ray: Any, job_id: str) -> bool:
     return True
 
 
+# How long, after a runner is killed, to look for the placement groups its Ray Train job held:
+# the Train controller dies with the runner a moment later, and only then is its group orphaned.
+ORPHAN_WAIT_S = 10.0
+
+
+def holds_placement_groups(kind: str) -> bool:
+    """Whether a job of `kind` runs a Ray Train job (whose placement groups a kill orphans)."""
+    return kind.startswith(("train-", "mm3-train")) or kind == "make"
+
+
+def free_placement_groups(wait_s: float = ORPHAN_WAIT_S) -> list[str]:
+    """Remove the placement groups a killed runner's Ray Train job left behind (the studio's
+    local Ray has no dashboard, which Ray Train's own cleaner needs:
+    `distributed.runtime.remove_orphaned_placement_groups`), polling up to `wait_s` seconds
+    for the first; their ids."""
+    from hotstep_ray.distributed.runtime import remove_orphaned_placement_groups
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            removed = remove_orphaned_placement_groups()
+        except Exception:  # never fail a cancel over the cleanup
+            log.warning("could not free the placement groups of a cancelled job", exc_info=True)
+            return []
+        if removed or time.monotonic() >= deadline:
+            return removed
+        time.sleep(0.25)
+
+
 def cancel_stored_job(storage: Storage, get_ray: Callable[[], Any], job_id: str) -> JobSummary:
     """Cancel a studio job from outside the server that runs it (the `jobs cancel` CLI).
     `get_ray` connects only when there is a runner to kill."""
@@ -155,7 +184,8 @@ def cancel_stored_job(storage: Storage, get_ray: Callable[[], Any], job_id: str)
         return JobSummary.model_validate(meta.model_dump())
     # Recorded before the kill, so the server running the job reads "cancelled", not a crash.
     ended = end_stored_job(storage, meta, "cancelled", "cancelled by user")
-    kill_runner(get_ray(), job_id)
+    if kill_runner(get_ray(), job_id) and holds_placement_groups(meta.kind):
+        free_placement_groups()
     return JobSummary.model_validate(ended.model_dump())
 
 
@@ -494,6 +524,10 @@ class JobManager:
                 self._ray.kill(active.actor, no_restart=True)  # detached: not freed on its own
             except Exception:
                 log.debug("runner of %s already gone", active.meta.id, exc_info=True)
+                return
+            if holds_placement_groups(active.meta.kind):  # off the request's thread: the
+                # groups are orphaned only once the controller has died too
+                threading.Thread(target=free_placement_groups, name="free-pgs", daemon=True).start()
 
     def _persist(self, active: ActiveJob) -> None:
         self.storage.write_json(meta_key(active.meta.id), active.meta.to_json_dict())

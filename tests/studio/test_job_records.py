@@ -85,3 +85,35 @@ def test_the_further_record_wins_and_a_job_that_never_started_stays_queued(tmp_p
 
     _submitted(storage, "j3")  # still queued for resources: nothing was reached
     assert _progress(cancel_stored_job(storage, _NoRunner, "j3")) == ("cancelled", "queued", 0, 0)
+
+
+class _OneRunner:
+    """A Ray whose cluster holds the job's runner actor, which `kill` ends."""
+
+    killed: list = []
+
+    def get_actor(self, name: str, namespace: str = ""):
+        return name
+
+    def kill(self, handle, no_restart: bool = True) -> None:
+        self.killed.append(handle)
+
+
+def test_cancelling_a_training_job_frees_what_its_ray_train_job_held(tmp_path, monkeypatch):
+    """A killed runner orphans its Ray Train job's placement groups (the helper that removes
+    them: tests/distributed/test_orphaned_placement_groups.py); a cancel of a training job asks
+    for them to be freed, one of a stage without Ray Train does not."""
+    from hotstep_ray.studio import jobs
+
+    freed: list[str] = []
+    monkeypatch.setattr(jobs, "free_placement_groups", lambda: freed.append("asked") or [])
+    storage = Storage(tmp_path)
+    for job_id, kind in (("t1", "train-dit"), ("p1", "preprocess")):
+        meta = StudioJobMeta(id=job_id, kind=kind, dataset_id="d1", slug="band", created_at=1)
+        storage.write_json(meta_key(job_id), meta.to_json_dict())
+        storage.write_json(layout.job_record(job_id), meta.to_json_dict())
+    cancel_stored_job(storage, _OneRunner, "p1")
+    assert freed == []
+    cancel_stored_job(storage, _OneRunner, "t1")
+    assert freed == ["asked"]
+    assert jobs.holds_placement_groups("make") and jobs.holds_placement_groups("mm3-train-lm")
