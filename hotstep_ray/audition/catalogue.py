@@ -65,6 +65,10 @@ def folder_word(key: str) -> str:
     parts = [p for p in key.strip("/").split("/") if p]
     if parts and parts[-1] in layout.ADAPTER_WEIGHT_FILES:
         parts = parts[:-1]
+    if parts and parts[-1] == layout.DIFFUSERS_NAMES_DIR:  # the run's diffusers-names copy
+        parts = parts[:-1]
+    if len(parts) >= 2 and parts[-2] == layout.MILESTONE_DIR:  # `<run>/milestones/<name>`
+        parts = parts[:-2]
     if parts and layout.is_run_stamp(parts[-1]):
         parts = parts[:-1]
     if not parts:

@@ -28,7 +28,7 @@ from hotstep_ray.core import layout
 from hotstep_ray.core.errors import InputError, StorageError
 from hotstep_ray.core.storage import Storage
 
-MILESTONE_DIR = "milestones"
+MILESTONE_DIR = layout.MILESTONE_DIR
 CALIBRATED_SUFFIX = "-calibrated"
 LM_LOG = "lm_train_log.json"
 DIT_LOG = "dit_train_log.json"

@@ -36,6 +36,10 @@ MM3_DIT_WEIGHTS = "mm3_lora.safetensors"  # the filtered ComfyUI-format file of 
 RUN_STAMP_FORMAT = "%Y-%m-%d_%H-%M-%S"
 _RUN_STAMP_RE = re.compile(r"^\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}(-[0-9a-z]+)?$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+# Inside a run folder: its kept milestone adapters (`milestones/<name>/`), and the DiT adapter's
+# copy under diffusers' module names (docs/ADAPTERS.md says which loader reads which).
+MILESTONE_DIR = "milestones"
+DIFFUSERS_NAMES_DIR = "diffusers_names"
 
 # Exact DiT model stems (after quant-suffix stripping) and their adapter-folder shorthand.
 _DIT_SHORTHANDS = {

@@ -1,7 +1,9 @@
 """When and how the DiT trainer writes its adapter files (the formats are `training.export`'s).
 
 export_adapter  PEFT folder (LoRA) or LyCORIS `lokr_weights.safetensors` (LoKR), BF16,
-                official module names, trigger and provenance in `__metadata__`
+                official module names, trigger and provenance in `__metadata__`; the same
+                file(s) under diffusers' module names in `diffusers_names/` inside it, for
+                peft and LyCORIS on `AceStepTransformer1DModel` (`export` module docstring)
 epoch_export    at an epoch's end: "target" when the target loss stopped the run, "best"
                 when the 5-epoch average improved and the last best-export is at least
                 `export_interval_s` old, "hold" when it improved sooner (the adapter is kept
@@ -20,13 +22,14 @@ from typing import Any
 
 import torch
 
+from hotstep_ray.core import layout
 from hotstep_ray.core.events import EventLog, MetricEvent
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.training import adapters, export
 from hotstep_ray.training.dit_state import TrainState
 from hotstep_ray.training.schedule import MilestoneTracker
 
-MILESTONE_DIR = "milestones"
+MILESTONE_DIR = layout.MILESTONE_DIR
 TRAINER_VERSION = "v1"  # `hot_step_dit_trainer` in every exported file
 
 
@@ -44,8 +47,9 @@ def export_adapter(
     target_mlp: bool,
     metadata: dict[str, str] | None = None,
 ) -> list[str]:
-    """The transformer's adapter as the file(s) of its `kind` at `key`; returns the written keys.
-    `zero_groups`: projection groups exported as zeros; `target_mlp` goes into the LoKR config."""
+    """The transformer's adapter as the file(s) of its `kind` at `key` (official names) and at
+    `key/diffusers_names` (diffusers names); returns the written keys. `zero_groups`: projection
+    groups exported as zeros; `target_mlp` goes into the LoKR config."""
     meta = {
         "hot_step_dit_trainer": TRAINER_VERSION,
         "hot_step_base_model": base_model,
@@ -54,6 +58,9 @@ def export_adapter(
     }
     common: dict[str, Any] = {
         "rename": export.ACESTEP_OFFICIAL_NAMES,
+        # peft and LyCORIS load by the names of the model they are given: without this copy a
+        # user's diffusers transformer takes only the MLP modules of the official-name file.
+        "model_names_dir": export.DIFFUSERS_NAMES_DIR,
         "trigger": trigger,
         "trigger_position": trigger_position,
         "drop_groups": zero_groups,

@@ -19,12 +19,30 @@ LoKR -> `lokr_weights.safetensors` only (LyCORIS `save_weights` layout), BF16, k
 `lycoris_<module path with . -> _>.{lokr_w1 | lokr_w1_a, lokr_w1_b, lokr_w2 | lokr_w2_a, lokr_w2_b}`
 plus a 0-dim `.alpha` per module; `__metadata__` carries `format: lycoris`, `algo: lokr` and a
 `lokr_config` JSON string. LyCORIS, ComfyUI (`lycoris_<path>` map, PR #12665) and ACE-Step read it.
+diffusers' `AceStepLoraLoaderMixin.load_lora_weights` cannot: it has no LoKr conversion and
+refuses any key without "lora"; a diffusers pipeline takes a LoKR through LyCORIS on
+`pipe.transformer` (the `diffusers_names` copy below).
 
-Module names. Keys use the trained model's module paths passed through `rename`. The DiT trains on
-diffusers' `AceStepTransformer1DModel` (`layers.N.self_attn.to_q`, `to_out.0`), but ACE-Step's
-peft loader and ComfyUI's ACEStep15 map expect the official decoder names (`q_proj` … `o_proj`;
-MLP names are shared), and diffusers converts those back on load. So the DiT trainer exports with
-`rename=ACESTEP_OFFICIAL_NAMES`; the LM (Qwen3) already uses `q_proj` names and passes None.
+Module names. Module-level loaders match keys to the module tree they are handed: peft's
+`PeftModel.from_pretrained` wraps the config's `target_modules` and fills them from
+`base_model.model.<path>` keys; LyCORIS's `create_lycoris_from_weights` / `load_weights` take a
+`lycoris_<path with _>` key only when the given model has that module, and skip every other key
+without a word. The DiT has two trees: diffusers' `AceStepTransformer1DModel` (what this project
+trains and loads: `layers.N.self_attn.to_q` … `to_out.0`) and the official decoder
+(`AceStepConditionGenerationModel.decoder`, which ACE-Step, Side-Step and ComfyUI's ACEStep15
+map load onto: `q_proj` … `o_proj`); MLP names are shared. No single name set loads fully in
+both: a file under one tree's names loads only the MLP modules into the other. So with
+`rename` (the DiT passes `ACESTEP_OFFICIAL_NAMES`) and `model_names_dir` the export writes
+- at `<key>/`: the official names, what ACE-Step/Side-Step/ComfyUI read; diffusers'
+  `AceStepLoraLoaderMixin.load_lora_weights` converts `q_proj` -> `to_q` itself, so a diffusers
+  pipeline takes this LoRA folder too;
+- at `<key>/<model_names_dir>/` (`DIFFUSERS_NAMES_DIR`): the same tensors and metadata under the
+  trained model's own names, for peft and LyCORIS applied to the diffusers transformer. Never
+  give this copy to `load_lora_weights`: without `q_proj` keys diffusers does not convert, and its
+  `transformer.` prefix filter then drops every key.
+The LM (Qwen3) already uses its model's names (`q_proj`) and passes no rename: one folder.
+Readers of our own (`load_exported`) read the primary with the same `rename`.
+docs/ADAPTERS.md lists the exact load call per loader.
 
 Triggers go into `__metadata__` only (`hot_step_trigger`, `hot_step_trigger_position`,
 `modelspec.trigger_phrase`; none for `replace`), never into adapter_config.json, which peft feeds
@@ -49,7 +67,7 @@ from safetensors.torch import save as save_safetensors_bytes
 from torch import nn
 
 from hotstep_ray import __version__
-from hotstep_ray.core import safetensors_header
+from hotstep_ray.core import layout, safetensors_header
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.training import adapters
@@ -70,6 +88,8 @@ ACESTEP_OFFICIAL_NAMES: dict[str, str] = {
     "to_v": "v_proj",
     "to_out.0": "o_proj",
 }
+# Where a DiT export keeps its copy under diffusers' module names (`model_names_dir`).
+DIFFUSERS_NAMES_DIR = layout.DIFFUSERS_NAMES_DIR
 TriggerPosition = Literal["prepend", "append", "replace"]
 DELTA_FLAG_RATIO = 0.05  # healthy merges move weights 1-5 % Frobenius (seed trap #16)
 
@@ -206,43 +226,32 @@ def _metadata(base: dict[str, str], trigger: str | None, position: str, extra: M
     return meta
 
 
+def _renames_any(paths: Iterable[str], rename: Mapping[str, str] | None) -> bool:
+    return any(rename_path(path, rename) != path for path in paths)
+
+
 def export_lora(
     model: nn.Module,
     dest: Storage | str | os.PathLike[str],
     key: str = "",
     *,
     rename: Mapping[str, str] | None = None,
+    model_names_dir: str = "",
     trigger: str | None = None,
     trigger_position: TriggerPosition = "prepend",
     drop_groups: Iterable[str] = (),
     metadata: Mapping[str, Any] | None = None,
     base_model_name_or_path: str = "",
 ) -> list[str]:
-    """Write the PEFT LoRA folder at `key`; returns the written storage keys."""
+    """Write the PEFT LoRA folder at `key`; returns the written storage keys. With a `rename`
+    that changes a module name and a `model_names_dir`, the same folder under the model's own
+    module names is written first at `<key>/<model_names_dir>` (see the module docstring)."""
     info = adapters.adapter_info(model)
     if info.spec.kind != "lora":
         raise InputError("export_lora needs a LoRA adapter")
     state = zero_groups(adapters.adapter_state_dict(model), drop_groups)
     scales = {path: adapters.spec_scale(layer) for path, layer in adapters.tuner_layers(model)}
-    tensors = {}
-    for canonical, tensor in state.items():
-        path, suffix = split_key(canonical)
-        if suffix == "lora_B.weight":
-            tensor = tensor.float() * scales[path]  # fold α/r in float32, then round once
-        tensors[f"{PEFT_PREFIX}{rename_path(path, rename)}.{suffix}"] = tensor
-    tensors = {k: v.to(EXPORT_DTYPE).contiguous().cpu() for k, v in tensors.items()}
-
     spec = info.spec
-    config = LoraConfig(
-        r=spec.rank,
-        lora_alpha=spec.rank,  # α/r is folded into lora_B
-        lora_dropout=spec.dropout,
-        target_modules=[rename_path(p, rename) for p in info.paths],
-        bias="none",
-        base_model_name_or_path=base_model_name_or_path or None,
-        inference_mode=True,
-    ).to_dict()
-    config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
     meta = _metadata(
         {
             "format": "pt",
@@ -256,11 +265,36 @@ def export_lora(
         metadata,
     )
     storage = _storage(dest)
-    config_key, weights_key = _join(key, LORA_CONFIG_FILE), _join(key, LORA_WEIGHTS_FILE)
-    # Config first: a reader that finds weights can always find their config.
-    storage.write_text(config_key, json.dumps(config, indent=2, sort_keys=True) + "\n")
-    storage.write_bytes(weights_key, save_safetensors_bytes(tensors, metadata=meta))
-    return [config_key, weights_key]
+
+    def write(folder: str, names: Mapping[str, str] | None) -> list[str]:
+        tensors = {}
+        for canonical, tensor in state.items():
+            path, suffix = split_key(canonical)
+            if suffix == "lora_B.weight":
+                tensor = tensor.float() * scales[path]  # fold α/r in float32, then round once
+            tensors[f"{PEFT_PREFIX}{rename_path(path, names)}.{suffix}"] = tensor
+        tensors = {k: v.to(EXPORT_DTYPE).contiguous().cpu() for k, v in tensors.items()}
+        config = LoraConfig(
+            r=spec.rank,
+            lora_alpha=spec.rank,  # α/r is folded into lora_B
+            lora_dropout=spec.dropout,
+            target_modules=[rename_path(p, names) for p in info.paths],
+            bias="none",
+            base_model_name_or_path=base_model_name_or_path or None,
+            inference_mode=True,
+        ).to_dict()
+        config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
+        config_key, weights_key = _join(folder, LORA_CONFIG_FILE), _join(folder, LORA_WEIGHTS_FILE)
+        # Config first: a reader that finds weights can always find their config.
+        storage.write_text(config_key, json.dumps(config, indent=2, sort_keys=True) + "\n")
+        storage.write_bytes(weights_key, save_safetensors_bytes(tensors, metadata=meta))
+        return [config_key, weights_key]
+
+    written = []
+    if model_names_dir and _renames_any(info.paths, rename):
+        # Before the primary: a reader that finds the primary finds this copy too.
+        written += write(_join(key, model_names_dir), None)
+    return written + write(key, rename)
 
 
 def lokr_config(
@@ -290,21 +324,21 @@ def export_lokr(
     key: str = "",
     *,
     rename: Mapping[str, str] | None = None,
+    model_names_dir: str = "",
     trigger: str | None = None,
     trigger_position: TriggerPosition = "prepend",
     drop_groups: Iterable[str] = (),
     metadata: Mapping[str, Any] | None = None,
     extra_config: Mapping[str, Any] | None = None,
 ) -> list[str]:
-    """Write `lokr_weights.safetensors` at `key`; returns the written storage key."""
+    """Write `lokr_weights.safetensors` at `key`; returns the written storage keys. With a
+    `rename` that changes a module name and a `model_names_dir`, the same file under the model's
+    own module names is written first at `<key>/<model_names_dir>/` (see the module docstring)."""
     info = adapters.adapter_info(model)
     if info.spec.kind != "lokr":
         raise InputError("export_lokr needs a LoKR adapter")
     state = zero_groups(adapters.adapter_state_dict(model), drop_groups)
-    tensors: dict[str, torch.Tensor] = {}
-    for canonical, tensor in state.items():
-        path, suffix = split_key(canonical)
-        tensors[f"{lycoris_name(rename_path(path, rename))}.{suffix}"] = tensor
+    alphas: dict[str, torch.Tensor] = {}
     for path, layer in adapters.tuner_layers(model):
         alpha = float(layer.alpha[adapters.ADAPTER_NAME])
         stored = torch.tensor(alpha, dtype=EXPORT_DTYPE)
@@ -317,23 +351,37 @@ def export_lokr(
                 f"{stored.item()}",
                 stacklevel=2,
             )
-        tensors[f"{lycoris_name(rename_path(path, rename))}.alpha"] = stored
-    tensors = {k: v.to(EXPORT_DTYPE).contiguous().cpu() for k, v in tensors.items()}
-    meta = _metadata(
-        {
-            "format": "lycoris",
-            "algo": "lokr",
-            "producer": PRODUCER,
-            "lokr_config": json.dumps(lokr_config(info.spec, rename, extra_config)),
-        },
-        trigger,
-        trigger_position,
-        metadata,
-    )
+        alphas[path] = stored
     storage = _storage(dest)
-    weights_key = _join(key, LOKR_WEIGHTS_FILE)
-    storage.write_bytes(weights_key, save_safetensors_bytes(tensors, metadata=meta))
-    return [weights_key]
+
+    def write(folder: str, names: Mapping[str, str] | None) -> list[str]:
+        tensors: dict[str, torch.Tensor] = {}
+        for canonical, tensor in state.items():
+            path, suffix = split_key(canonical)
+            tensors[f"{lycoris_name(rename_path(path, names))}.{suffix}"] = tensor
+        for path, stored in alphas.items():
+            tensors[f"{lycoris_name(rename_path(path, names))}.alpha"] = stored
+        tensors = {k: v.to(EXPORT_DTYPE).contiguous().cpu() for k, v in tensors.items()}
+        meta = _metadata(
+            {
+                "format": "lycoris",
+                "algo": "lokr",
+                "producer": PRODUCER,
+                "lokr_config": json.dumps(lokr_config(info.spec, names, extra_config)),
+            },
+            trigger,
+            trigger_position,
+            metadata,
+        )
+        weights_key = _join(folder, LOKR_WEIGHTS_FILE)
+        storage.write_bytes(weights_key, save_safetensors_bytes(tensors, metadata=meta))
+        return [weights_key]
+
+    written = []
+    if model_names_dir and _renames_any(info.paths, rename):
+        # Before the primary: a reader that finds the primary finds this copy too.
+        written += write(_join(key, model_names_dir), None)
+    return written + write(key, rename)
 
 
 def export_adapter(

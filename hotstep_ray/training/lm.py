@@ -91,7 +91,7 @@ from hotstep_ray.training.schedule import LrSchedule, MilestoneTracker, StopRule
 LOG_FILE = warm_start.LM_LOG_FILE  # "lm_train_log.json": what tells a finished run (warm_start)
 LOG_FORMAT = "hot-step-lm-train-v1"
 CHECKPOINT_DIR = "checkpoint"  # resumable state under the run folder, removed after export
-MILESTONE_DIR = "milestones"
+MILESTONE_DIR = layout.MILESTONE_DIR
 MAX_LEN_CAP = 16384
 CompileMode = LmCompileMode  # the modes live in core.contracts with their default
 

@@ -163,3 +163,15 @@ def test_stamp_folder_fallback_and_cli(root):
         "dit-xl-turbo/solo/2026-03-01_00-00-00",
         "rootdit",
     }
+
+
+def test_the_folder_word_skips_a_runs_own_subfolders() -> None:
+    """A run's diffusers-names copy and its milestones are the run's, not folders named for the
+    artist: their trigger fallback is the artist's folder all the same."""
+    run = "adapters/dit-turbo/band/2026-03-01_00-00-00"
+    for key in (
+        f"{run}/lokr_weights.safetensors",
+        f"{run}/diffusers_names/lokr_weights.safetensors",
+        f"{run}/milestones/ep0010/adapter_model.safetensors",
+    ):
+        assert catalogue.folder_word(key) == "band", key
