@@ -91,7 +91,7 @@ from hotstep_ray.preprocess.plan import META_FILE
 from hotstep_ray.preprocess.ray_pipeline import RayPipelineConfig
 from hotstep_ray.report_plot import Series, loss_plot
 from hotstep_ray.training.checkpoint import MANIFEST
-from hotstep_ray.training.lm import LmEngine
+from hotstep_ray.training.lm import LmEngine, present_lm_size
 
 EXAMPLE_SONGS_KEY = "examples/songs"
 EXAMPLE_DATASET_NAME = "examples"
@@ -601,10 +601,8 @@ def checkpoints_stage(
                 f"{folder} lacks what the main job needs ({lacking}); "
                 f"see `hotstep-ray doctor --checkpoints {folder}`"
             )
-        sizes = [c.variant for c in components if c.kind == "lm" and c.usable and c.variant]
-        size = TrainLmOptions().lm_size
-        if size not in sizes:  # the contract's LM is not there: the largest one that is
-            size = max(sizes, key=lambda s: float(s.rstrip("B")))
+        # the contract's LM, else the largest one there (train-lm's rule)
+        size = present_lm_size(folder, TrainLmOptions().lm_size)
         job.events.log(f"real weights in {folder}; LM {size}")
         return folder, real_recipe(size, config.epochs), False
     folder = ensure_tiny_tree(storage)

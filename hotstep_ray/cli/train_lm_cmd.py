@@ -68,13 +68,18 @@ def _group() -> None:
 def lm_folder(checkpoints: str, options: TrainLmOptions) -> tuple[Path, TrainLmOptions]:
     """The LM folder of `options` and the options with its size: a named folder (`lm_model`)
     says its size in its config.json, which wins over the contract's default size; a size given
-    explicitly that disagrees with the folder is an InputError (before anything loads)."""
+    explicitly that disagrees with the folder is an InputError (before anything loads); with
+    neither, the default size's official folder, else the largest LM present."""
     from hotstep_ray.training import lm
 
+    explicit = "lm_size" in options.model_fields_set
+    if not options.lm_model and not explicit:  # the default size, or the largest present
+        options = options.model_copy(
+            update={"lm_size": lm.present_lm_size(checkpoints, options.lm_size)}
+        )
     folder = lm.resolve_lm_dir(checkpoints, options.lm_size, options.lm_model)
     if not options.lm_model:  # the official folder of the requested size: setup checks it
         return folder, options
-    explicit = "lm_size" in options.model_fields_set
     size = lm.lm_size_of(lm.read_dims(folder), options.lm_size, explicit=explicit)
     return folder, options.model_copy(update={"lm_size": size})
 

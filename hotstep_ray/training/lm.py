@@ -184,6 +184,20 @@ def resolve_lm_dir(checkpoints: str | Path, size: str, lm_model: str = "") -> Pa
     return folder
 
 
+def present_lm_size(checkpoints: str | Path, preferred: str) -> str:
+    """`preferred` when its official LM folder is in `checkpoints`, else the largest LM size that
+    is (a tree with only the 1.7B trains the 1.7B rather than failing on the missing 4B); else
+    `preferred`, whose folder `resolve_lm_dir` then reports missing."""
+    present = [
+        size
+        for size in layout.LM_SIZE_FOLDERS
+        if (Path(checkpoints) / f"acestep-5Hz-lm-{size}" / "config.json").is_file()
+    ]
+    if preferred in present or not present:
+        return preferred
+    return max(present, key=lambda size: float(size.rstrip("B")))
+
+
 def lm_size_of(dims: lm_vram.LmDims, requested: str, explicit: bool = True) -> str:
     """The size label from the architecture (the folder's config.json). A known architecture
     wins over a size nobody asked for (`explicit=False`: the contract's default) and must match
