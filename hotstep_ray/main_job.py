@@ -381,29 +381,24 @@ def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> Ma
             where = "Ray Train" if config.ray_train else "in process"
             runs = RunRecord(storage, detail.slug)
 
-            def dit_stage() -> TrainedAdapter:
-                with _stage(job, reports, "train-dit", clock) as row:
-                    run, how = train_dit_stage(
-                        job, storage, detail, pre, checkpoints, recipe, config, runs
-                    )
-                    row.note(_train_summary(run, how or where), run.url, _loss_change(run))
-                    row.epochs = _epochs_run(run, how)
-                return run
+            def trainer(name: str, train: Callable[..., tuple[TrainedAdapter, str]]):
+                def stage() -> TrainedAdapter:
+                    with _stage(job, reports, name, clock) as row:
+                        run, how = train(
+                            job, storage, detail, pre, checkpoints, recipe, config, runs
+                        )
+                        row.note(_train_summary(run, how or where), run.url, _loss_change(run))
+                        row.epochs = _epochs_run(run, how)
+                    return run
 
-            def lm_stage() -> TrainedAdapter:
-                with _stage(job, reports, "train-lm", clock) as row:
-                    run, how = train_lm_stage(
-                        job, storage, detail, pre, checkpoints, recipe, config, runs
-                    )
-                    row.note(_train_summary(run, how or where), run.url, _loss_change(run))
-                    row.epochs = _epochs_run(run, how)
-                return run
+                return stage
 
             # Neither trainer needs the other's adapter. On Ray each trains in worker processes
             # of its own (on one GPU, each asks for the share of it its memory takes), so they
             # run side by side; in this process they would contend for the interpreter and
             # torch's threads, so they run one after the other.
-            dit_run, lm_run = _side_by_side((dit_stage, lm_stage), config.ray_train)
+            stages = (trainer("train-dit", train_dit_stage), trainer("train-lm", train_lm_stage))
+            dit_run, lm_run = _side_by_side(stages, config.ray_train)
             if config.audition:
                 with _stage(job, reports, "audition", clock) as row:
                     ab = audition_stage(job, storage, detail, checkpoints, lm_run, recipe)
@@ -416,7 +411,7 @@ def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> Ma
         else:
             names = ("train-dit", "train-lm", "audition", "report")
             _skip(job, reports, names, "--skip-train", clock)
-        reports.sort(key=lambda report: report.start_s)  # side-by-side stages end in any order
+        reports.sort(key=lambda report: STAGES.index(report.name))  # side-by-side: any end order
         result_key = layout.job_result(job.id)
         result = MainJobResult(
             job_id=job.id,
