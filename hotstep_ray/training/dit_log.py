@@ -19,7 +19,10 @@ from hotstep_ray.core.errors import HotstepError
 
 if TYPE_CHECKING:
     from hotstep_ray.core.storage import Storage
-    from hotstep_ray.training.dit import DitRun
+
+# A `training.dit.DitRun`, named only: dit imports this module, and this one reads the run's
+# fields without needing its class.
+DitRun = Any
 
 FORMAT = "hotstep-ray-dit-train-v1"
 PRODUCER = f"hotstep-ray {__version__} dit trainer"
