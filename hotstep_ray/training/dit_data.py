@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from safetensors.torch import load as load_safetensors_bytes
 
-from hotstep_ray.core import layout
+from hotstep_ray.core import layout, safetensors_header
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.models.acestep_ops import TrainBatch
@@ -436,9 +436,7 @@ def scan_cache(storage: Storage, key: str) -> CacheShapes:
         name = file_key.rsplit("/", 1)[-1]
         if not name.endswith(".safetensors") or name.startswith("."):
             continue
-        with storage.open(file_key) as handle:
-            size = int.from_bytes(handle.read(8), "little")
-            header = json.loads(handle.read(size))
+        header = safetensors_header.read_header(storage, file_key)  # shapes only, no tensors
         stem = name[: -len(".safetensors")]
         repeat = repeats.get(stem, int((header.get("__metadata__") or {}).get("repeat", 1)))
         songs, samples = songs + 1, samples + max(1, repeat)
