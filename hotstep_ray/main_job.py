@@ -787,6 +787,7 @@ def train_lm_stage(
             artist=detail.slug,
             engine=recipe.lm_engine,
             events_key=layout.job_events(sub.id) if config.ray_train else "",
+            job_id=sub.id,
             run_key=run_key,
         )
         if not spec.run_key:  # a new run: its folder is picked here so the record knows it

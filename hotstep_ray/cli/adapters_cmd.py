@@ -6,7 +6,7 @@ import contextlib
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
@@ -15,7 +15,10 @@ from hotstep_ray.cli.common import console, handle_errors, print_json
 from hotstep_ray.core import layout
 from hotstep_ray.core.errors import HotstepError
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.training.warm_start import LM_LOG_FILE  # written once, when the run stops
+from hotstep_ray.training.warm_start import (  # written once, when the run stops
+    LM_LOG_FILE,
+    read_json_or_none,
+)
 
 if TYPE_CHECKING:
     from hotstep_ray.audition.catalogue import AdapterEntry
@@ -117,16 +120,6 @@ def _job_alive(storage: Storage, job_id: str) -> bool:
     return False
 
 
-def _read_json(storage: Storage, key: str) -> dict[str, Any] | None:
-    try:
-        if not storage.exists(key):
-            return None
-        value = storage.read_json(key)
-    except (HotstepError, ValueError, OSError):  # unreadable: as good as none
-        return None
-    return value if isinstance(value, dict) else None
-
-
 @dataclass(frozen=True)
 class LmRunProgress:
     """How far an LM run folder got, by its JSON alone (no torch)."""
@@ -141,8 +134,8 @@ class LmRunProgress:
 
 def read_lm_progress(storage: Storage, run_key: str) -> LmRunProgress | None:
     """The run's progress from its log and checkpoint manifest; None when it has neither."""
-    log = _read_json(storage, f"{run_key}/{LM_LOG_FILE}")
-    manifest = _read_json(storage, f"{run_key}/{LM_CHECKPOINT_MANIFEST}")
+    log = read_json_or_none(storage, f"{run_key}/{LM_LOG_FILE}")
+    manifest = read_json_or_none(storage, f"{run_key}/{LM_CHECKPOINT_MANIFEST}")
     if log is None and manifest is None:
         return None
     config = (manifest or {}).get("config")

@@ -273,6 +273,7 @@ def run(
         engine=engine,
         run_key=resume,
         events_key=layout.job_events(job.id) if use_ray else "",
+        job_id=job.id,
         # only when given (a resume keeps the checkpoint's and names a given one as ignored)
         **{k: v for k, v in tagging.items() if v is not None},
     )

@@ -154,6 +154,7 @@ class LmTrainSpec(BaseModel):
     engine: LmEngine = Field(default_factory=LmEngine)
     run_key: str = ""  # "" = a fresh stamped run folder
     events_key: str = ""  # also append events as JSONL here (Ray workers)
+    job_id: str = ""  # the job training the run, kept in its checkpoint (`adapters list`)
 
     def to_config(self) -> dict[str, Any]:
         """JSON dict that keeps which options were set explicitly (identity adoption needs it)."""
@@ -1026,6 +1027,7 @@ def save_state(setup: LmSetup, state: LmTrainState, storage: Storage, key: str) 
             # what the prompts were rendered with: a resumed run renders them the same way
             "trigger": setup.spec.trigger,
             "trigger_position": setup.spec.trigger_position,
+            "job": setup.spec.job_id,  # tells a live run from a killed one (`adapters list`)
         },
         extra=extra,
         fingerprint=setup.fingerprint,

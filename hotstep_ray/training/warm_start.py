@@ -47,7 +47,8 @@ def _join(folder: str, name: str) -> str:
     return f"{folder}/{name}" if folder else name
 
 
-def _read_log(storage: Storage, key: str) -> dict | None:
+def read_json_or_none(storage: Storage, key: str) -> dict | None:
+    """The JSON object at `key`; None when it is missing, unreadable or not an object."""
     try:
         if not storage.exists(key):
             return None
@@ -68,7 +69,7 @@ def trained_run(storage: Storage, key: str) -> TrainedRun | None:
     if weights is None:
         return None
     adapter_type = "lora" if weights.endswith(layout.ADAPTER_WEIGHT_FILES[0]) else "lokr"
-    dit = _read_log(storage, _join(key, dit_log.LOG_FILE))
+    dit = read_json_or_none(storage, _join(key, dit_log.LOG_FILE))
     if dit is not None:
         progress = dit_log.RunProgress(
             run_key=key,
@@ -84,7 +85,7 @@ def trained_run(storage: Storage, key: str) -> TrainedRun | None:
         return TrainedRun(
             key, adapter_type, finished, epoch, loss, "ma5", dict(dit.get("config") or {})
         )
-    lm = _read_log(storage, _join(key, LM_LOG_FILE))
+    lm = read_json_or_none(storage, _join(key, LM_LOG_FILE))
     if lm is not None:
         finished = bool(lm.get("stop_reason"))
         return TrainedRun(

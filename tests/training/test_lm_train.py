@@ -331,3 +331,17 @@ def test_ray_train_job_survives_a_worker_failure(ray_session, tiny):
     assert any(k.endswith("adapter_model.safetensors") for k in result.files)
     events = storage.read_text("jobs/ray-lm/events.jsonl")
     assert "resumed after a failure at epoch 1" in events
+
+
+def test_the_checkpoint_names_the_job_that_trains_the_run(tiny):
+    """`adapters list` tells a live LM run from a killed one by the job its checkpoint names."""
+    from hotstep_ray.cli.adapters_cmd import read_lm_progress
+
+    folder, storage = tiny
+    spec = make_spec(folder, "adapters/lm-06b/band/live", epochs=2).model_copy(
+        update={"job_id": "job-7"}
+    )
+    setup = lm.setup_lm(spec, storage)
+    state = lm.train_lm(setup, stop_after_epoch=1)
+    lm.save_state(setup, state, storage, lm.checkpoint_key(spec.run_key))
+    assert read_lm_progress(storage, spec.run_key).job_id == "job-7"
