@@ -459,9 +459,17 @@ class RunRecord:
             storage.read_json(self.key) if storage.exists(self.key) else {}
         )
         self._lock = threading.Lock()  # the two trainers record their runs from two threads
+        self._metas: dict[str, dict[str, Any]] = {}
+
+    def cache_meta(self, pre: PreprocessResult) -> dict[str, Any]:
+        """The tensor cache's `preprocess_meta.json`, read once for both trainers."""
+        if pre.tensor_dir not in self._metas:
+            key = f"{self.storage.key_of(pre.tensor_dir)}/{META_FILE}"
+            self._metas[pre.tensor_dir] = self.storage.read_json(key)
+        return self._metas[pre.tensor_dir]
 
     def fingerprint(self, kind: str, options: Any, pre: PreprocessResult, checkpoints: Path) -> str:
-        meta = self.storage.read_json(f"{self.storage.key_of(pre.tensor_dir)}/{META_FILE}")
+        meta = self.cache_meta(pre)
         stamps = ("created_at", "updated_at")
         what = {
             "kind": kind,
@@ -700,8 +708,7 @@ def train_dit_stage(
     if plan.reuse is not None:
         job.events.log(f"DiT adapter unchanged: reusing {plan.reuse.url}")
         return plan.reuse, "unchanged, reused"
-    meta = storage.read_json(f"{storage.key_of(pre.tensor_dir)}/{META_FILE}")
-    folder = dit.resolve_dit_folder(meta, pre.variant_key, None, str(checkpoints))
+    folder = dit.resolve_dit_folder(runs.cache_meta(pre), pre.variant_key, None, str(checkpoints))
     base = layout.dit_adapter_base(folder.name)
     # An interrupted run continues from its newest checkpoint; one that left none starts over in a
     # new folder (the old one may hold a best-so-far export that would refuse a fresh run).
