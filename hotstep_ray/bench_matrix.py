@@ -159,6 +159,14 @@ ROWS: tuple[Row, ...] = (
         f"{DIT_2B} --crops 1248 --grad-accum 4 --fold 4 --steps 16 --warmup 3",
     ),
     _row(
+        "dit-2b-recipe-eager",
+        "dit",
+        "dit",
+        "2B LoKR 512 at the recipe's shape without compiling: where `auto` starts to compile",
+        "--models 2b --adapters lokr512 --batches 1 --compile none "
+        "--crops 1248 --grad-accum 4 --fold 4 --steps 16 --warmup 3",
+    ),
+    _row(
         "dit-2b-750x2-padded",
         "dit",
         "dit",
