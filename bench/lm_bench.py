@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, f
 import torch  # noqa: E402
 from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
-from hotstep_ray.training import compiling, flat_grads, lm, lm_data, lm_loss, lm_vram  # noqa: E402
+from hotstep_ray.training import compiling, flat_grads, lm_data, lm_loss, lm_spec, lm_vram  # noqa: E402
 from hotstep_ray.training.optim import build_optimizer  # noqa: E402
 
 PEAK_FLOPS = 989e12  # H200 SXM dense bf16
@@ -211,7 +211,8 @@ def run_config(
     kind, songs, attention, ckpt_mode, optimizer_kind, mode = CONFIGS[name]
     mode = mode if compile_mode == "config" else compile_mode
     compiled = mode != "off"
-    pad = lm_loss.COMPILE_PAD_MULTIPLE if compiled else 1  # the trainer's rows (`lm.row_multiple`)
+    # the trainer's rows (`lm_setup.row_multiple`)
+    pad = lm_loss.COMPILE_PAD_MULTIPLE if compiled else 1
     batch = make_batch(kind, songs, seed=len(name), pad_multiple=pad)
     n_adapter = lm_vram.adapter_params(dims, "lora", RANK)
     ckpt = checkpoint_layers(ckpt_mode, dims, batch, n_adapter)
@@ -225,7 +226,7 @@ def run_config(
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in trainable]
     optimizer = build_optimizer(trainable, kind=optimizer_kind, lr=1e-5)
-    # as `lm.setup_lm`: with CUDA graphs, gradients outside the graph pool as views of one flat
+    # as `lm_setup.setup_lm`: with CUDA graphs, gradients outside the graph pool as views of one flat
     # buffer, clipped and zeroed as one (`FlatGrads`)
     flats = flat_grads.FlatGrads(params) if mode == "reduce-overhead" else None
     batch = batch.to(device)
@@ -399,7 +400,7 @@ def main() -> None:
     parser.add_argument(
         "--activation-budget",
         type=float,
-        default=lm.LmEngine.model_fields["activation_budget"].default,
+        default=lm_spec.LmEngine.model_fields["activation_budget"].default,
         help="activation memory budget of the compiled layers (default: the trainer's, "
         "`LmEngine.activation_budget`; < 1: the partitioner recomputes the cheapest ops in the "
         "backward instead of saving them; BENCHMARKS rows say which they used)",

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hotstep_ray.core.contracts import TrainLmOptions  # noqa: E402
 from hotstep_ray.core.storage import Storage  # noqa: E402
 from hotstep_ray.models.tiny_tree import write_tiny_lm  # noqa: E402
-from hotstep_ray.training import lm, lm_data  # noqa: E402
+from hotstep_ray.training import lm, lm_data, lm_setup, lm_spec  # noqa: E402
 
 CODES_KEY = "tensors/band/v1/lm_codes.jsonl"
 MODES = ("off", "default", "reduce-overhead", "auto")
@@ -50,7 +50,7 @@ def spec(
     lr: float,
     checkpointing: str = "none",
     run: str = "",
-) -> lm.LmTrainSpec:
+) -> lm_spec.LmTrainSpec:
     """LoRA r4, AdamW, grad_accum 2, a third of the songs held out; rows padded to 64-token
     multiples (several widths, several graphs). tests/training/test_lm_compile.py runs the
     same spec on the CPU."""
@@ -59,12 +59,12 @@ def spec(
         learning_rate=lr, epochs=epochs, grad_accum=2, loss_on_cot=False, init_adapter="",
         target_loss=0, milestone_step=0, holdout_fraction=0.34,
     )  # fmt: skip
-    return lm.LmTrainSpec(
+    return lm_spec.LmTrainSpec(
         options=options,
         lm_dir=str(folder),
         codes_key=CODES_KEY,
         artist="band",
-        engine=lm.LmEngine(
+        engine=lm_spec.LmEngine(
             device=device, compile=mode, checkpointing=checkpointing, pad_multiple=64
         ),
         run_key=f"adapters/lm-06b/band/{run or mode}",
@@ -85,7 +85,9 @@ def main() -> None:
         eager: list[float] = []
         for mode in args.modes.split(","):
             started = time.perf_counter()
-            setup = lm.setup_lm(spec(folder, mode, args.epochs, args.device, args.lr), storage)
+            setup = lm_setup.setup_lm(
+                spec(folder, mode, args.epochs, args.device, args.lr), storage
+            )
             state = lm.train_lm(setup)
             losses = [row["loss"] for row in state.history]
             held = [row["loss"] for row in state.holdout]

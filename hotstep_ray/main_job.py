@@ -91,7 +91,7 @@ from hotstep_ray.preprocess.plan import META_FILE
 from hotstep_ray.preprocess.ray_pipeline import RayPipelineConfig
 from hotstep_ray.report_plot import Series, loss_plot
 from hotstep_ray.training.checkpoint import MANIFEST
-from hotstep_ray.training.lm import LmEngine, present_lm_size
+from hotstep_ray.training.lm_spec import LmEngine, present_lm_size
 
 EXAMPLE_SONGS_KEY = "examples/songs"
 EXAMPLE_DATASET_NAME = "examples"
@@ -769,7 +769,7 @@ def train_lm_stage(
     """The LM adapter run on the cache's 5 Hz codes, as its own `train-lm` job (reused, continued
     or new, as the DiT's). The trigger is each song's tag as preprocessed (the dataset's
     `custom_tag`)."""
-    from hotstep_ray.training import lm
+    from hotstep_ray.training import lm, lm_save, lm_spec
 
     # Only the recipe's explicitly set fields (plus these two) count as given: with a warm start
     # (`init_adapter`), the rest is adopted from the earlier run.
@@ -779,15 +779,15 @@ def train_lm_stage(
     if plan.reuse is not None:
         job.events.log(f"LM adapter unchanged: reusing {plan.reuse.url}")
         return plan.reuse, "unchanged, reused"
-    lm_dir = lm.resolve_lm_dir(checkpoints, options.lm_size, options.lm_model)
-    manifest = f"{lm.checkpoint_key(plan.run_key)}/{MANIFEST}" if plan.run_key else ""
+    lm_dir = lm_spec.resolve_lm_dir(checkpoints, options.lm_size, options.lm_model)
+    manifest = f"{lm_save.checkpoint_key(plan.run_key)}/{MANIFEST}" if plan.run_key else ""
     resume = bool(manifest) and storage.exists(manifest)
     resumed_epochs = int(storage.read_json(manifest).get("epoch") or 0) if resume else 0
     run_key = plan.run_key if resume else ""
     if resume:
         job.events.log(f"continuing the interrupted LM run {storage.url_of(run_key)}")
     with _sub_job(job, "train-lm", follow=config.ray_train) as sub:
-        spec = lm.LmTrainSpec(
+        spec = lm_spec.LmTrainSpec(
             options=options,
             lm_dir=str(lm_dir),
             codes_key=layout.find_lm_codes(storage, detail.slug, pre.variant_key),

@@ -37,7 +37,7 @@ from hotstep_ray.core.contracts import TrainDitOptions
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog, jsonl_sink
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.training import dit, lm, ray_dit, ray_lm
+from hotstep_ray.training import dit, lm, lm_save, lm_spec, ray_dit, ray_lm
 
 Kind = Literal["lm", "dit"]
 
@@ -113,7 +113,7 @@ def _train_only(options: Any) -> Any:
     return options.model_copy(update={"calibrate": False}) if options.calibrate else options
 
 
-def _lm_train_only(spec: lm.LmTrainSpec) -> lm.LmTrainSpec:
+def _lm_train_only(spec: lm_spec.LmTrainSpec) -> lm_spec.LmTrainSpec:
     return spec.model_copy(update={"options": _train_only(spec.options)})
 
 
@@ -121,13 +121,13 @@ def _lm_train_only(spec: lm.LmTrainSpec) -> lm.LmTrainSpec:
 
 
 def calibrate_lm_run(
-    spec: lm.LmTrainSpec,
+    spec: lm_spec.LmTrainSpec,
     storage: Storage,
-    result: lm.LmRunResult,
+    result: lm_save.LmRunResult,
     events: EventLog | None = None,
     runner: Runner = run_local,
     calibration: dict[str, Any] | None = None,
-) -> lm.LmRunResult:
+) -> lm_save.LmRunResult:
     """Milestones x scales of the exported LM run, baked into `<run>-calibrated/`: `result`
     with its `calibration` summary."""
     if torch.cuda.is_available():
@@ -147,14 +147,14 @@ def calibrate_lm_run(
 
 
 def run_lm_then_calibrate(
-    spec: lm.LmTrainSpec,
+    spec: lm_spec.LmTrainSpec,
     storage: Storage,
     *,
     events: EventLog | None = None,
     resume: bool = False,
     stop_after_epoch: int = 0,
     calibration: dict[str, Any] | None = None,
-) -> lm.LmRunResult:
+) -> lm_save.LmRunResult:
     """`lm.run_lm_training` (same arguments), then with `calibrate` the calibration of the
     finished run in this process. `calibration`: `LmCalibrationConfig` overrides."""
     check_calibrate(spec.options)
@@ -173,7 +173,7 @@ def run_lm_then_calibrate(
 
 
 def run_lm_on_ray_then_calibrate(
-    spec: lm.LmTrainSpec,
+    spec: lm_spec.LmTrainSpec,
     storage: Storage,
     *,
     num_workers: int = 1,
@@ -184,7 +184,7 @@ def run_lm_on_ray_then_calibrate(
     events: EventLog | None = None,
     resume: bool = False,
     calibration: dict[str, Any] | None = None,
-) -> lm.LmRunResult:
+) -> lm_save.LmRunResult:
     """`ray_lm.run_lm_on_ray` (same arguments), then with `calibrate` the calibration on
     `num_workers` Ray actors. Its events go to `events`, else to `spec.events_key`, as the
     driver's side of the training does."""

@@ -17,6 +17,7 @@ from hotstep_ray.core.errors import HotstepError
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.training.warm_start import (  # written once, when the run stops
     LM_LOG_FILE,
+    lm_stopped,
     read_json_or_none,
 )
 
@@ -25,9 +26,9 @@ if TYPE_CHECKING:
 
 app = typer.Typer(help="List trained adapters; stamp trigger words into older ones.")
 
-# The LM checkpoint's commit point, spelled here because `training.lm` and `training.checkpoint`
-# load torch and `adapters list` must not (a test checks it agrees with `lm.CHECKPOINT_DIR` /
-# `checkpoint.MANIFEST`); removed once the run is exported.
+# The LM checkpoint's commit point, spelled here because `training.lm_save` and
+# `training.checkpoint` load torch and `adapters list` must not (a test checks it agrees with
+# `lm_save.CHECKPOINT_DIR` / `checkpoint.MANIFEST`); removed once the run is exported.
 LM_CHECKPOINT_MANIFEST = "checkpoint/checkpoint.json"
 
 
@@ -148,7 +149,7 @@ def read_lm_progress(storage: Storage, run_key: str) -> LmRunProgress | None:
     except (TypeError, ValueError):
         epochs = 0
     return LmRunProgress(
-        stopped=bool(log and log.get("stop_reason")),
+        stopped=lm_stopped(log),  # the warm start's rule (`warm_start.trained_run`)
         epochs_run=epochs,
         checkpoint=manifest is not None,
         job_id=str(config.get("job") or ""),

@@ -70,17 +70,17 @@ def lm_folder(checkpoints: str, options: TrainLmOptions) -> tuple[Path, TrainLmO
     says its size in its config.json, which wins over the contract's default size; a size given
     explicitly that disagrees with the folder is an InputError (before anything loads); with
     neither, the default size's official folder, else the largest LM present."""
-    from hotstep_ray.training import lm
+    from hotstep_ray.training import lm_spec
 
     explicit = "lm_size" in options.model_fields_set
     if not options.lm_model and not explicit:  # the default size, or the largest present
         options = options.model_copy(
-            update={"lm_size": lm.present_lm_size(checkpoints, options.lm_size)}
+            update={"lm_size": lm_spec.present_lm_size(checkpoints, options.lm_size)}
         )
-    folder = lm.resolve_lm_dir(checkpoints, options.lm_size, options.lm_model)
+    folder = lm_spec.resolve_lm_dir(checkpoints, options.lm_size, options.lm_model)
     if not options.lm_model:  # the official folder of the requested size: setup checks it
         return folder, options
-    size = lm.lm_size_of(lm.read_dims(folder), options.lm_size, explicit=explicit)
+    size = lm_spec.lm_size_of(lm_spec.read_dims(folder), options.lm_size, explicit=explicit)
     return folder, options.model_copy(update={"lm_size": size})
 
 
@@ -204,7 +204,7 @@ def run(
 ) -> None:
     """Train a LoRA/LoKR adapter on the 5 Hz LM from SLUG's preprocessed codes."""
     from hotstep_ray.calibration import after_train
-    from hotstep_ray.training import lm
+    from hotstep_ray.training import lm_spec
 
     check_placement_options(
         use_ray,
@@ -253,7 +253,7 @@ def run(
     lm_dir, options = lm_folder(checkpoints, options)
     calibration = calibration_overrides(calibrate_scales, calibrate_seeds, calibrate_duration)
     codes_key = codes or layout.find_lm_codes(storage, slug, variant)
-    engine = lm.LmEngine(
+    engine = lm_spec.LmEngine(
         device=device,
         batching=batching,
         pack_tokens=pack_tokens,
@@ -265,7 +265,7 @@ def run(
     )
     job = Job(storage, "train-lm", dataset_id=slug, sinks=(_print_event,))
     tagging = {"trigger": trigger, "trigger_position": trigger_position}
-    spec = lm.LmTrainSpec(
+    spec = lm_spec.LmTrainSpec(
         options=options,
         lm_dir=str(lm_dir),
         codes_key=codes_key,

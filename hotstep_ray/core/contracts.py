@@ -339,10 +339,10 @@ class TrainLmOptions(Options):
 
 
 # Defaults of the torch-side run settings that the CLI shows in --help. They live here, torch-free,
-# so `hotstep-ray --help` need not import torch; `training.lm.LmEngine` and
+# so `hotstep-ray --help` need not import torch; `training.lm_spec.LmEngine` and
 # `calibration.lm_calibrate.LmCalibrationConfig` take their defaults from these names.
 LmCompileMode = Literal["auto", "off", "default", "reduce-overhead"]
-LM_COMPILE_DEFAULT: LmCompileMode = "auto"  # LmEngine.compile (what each mode does: training.lm)
+LM_COMPILE_DEFAULT: LmCompileMode = "auto"  # LmEngine.compile (each mode: training.lm_setup)
 LM_ACTIVATION_BUDGET_DEFAULT = 0.8  # LmEngine.activation_budget: share of activations kept
 LM_CALIBRATION_MAX_BATCH_DEFAULT = 4  # LmCalibrationConfig.max_batch: requests decoded together
 

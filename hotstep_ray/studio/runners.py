@@ -101,7 +101,7 @@ def train_lm(ctx: StageContext, entry: Callable[..., Any]) -> Any:
     (`calibration.after_train.run_lm_on_ray_then_calibrate`). Its rank-0 worker (and the
     calibration) append events to a side file; a tail thread folds them into this job so the SSE
     stream shows the loss as it goes."""
-    from hotstep_ray.training import lm
+    from hotstep_ray.training import lm_spec
 
     _need_checkpoints(ctx)
     options: Any = ctx.options
@@ -110,9 +110,9 @@ def train_lm(ctx: StageContext, entry: Callable[..., Any]) -> Any:
     recipe = TrainLmOptions(**given)
     codes_key = layout.find_lm_codes(ctx.storage, ctx.slug, options.variant_key)
     side_key = layout.job_side_events(ctx.job.id, "train_events")
-    spec = lm.LmTrainSpec(
+    spec = lm_spec.LmTrainSpec(
         options=recipe,
-        lm_dir=str(lm.resolve_lm_dir(ctx.checkpoints_dir, recipe.lm_size, recipe.lm_model)),
+        lm_dir=str(lm_spec.resolve_lm_dir(ctx.checkpoints_dir, recipe.lm_size, recipe.lm_model)),
         codes_key=codes_key,
         artist=name,
         # "" = each song's own tag from lm_codes.jsonl (baked in at preprocessing), as the CLI does

@@ -18,10 +18,10 @@ The hook, for any trainer:
     mean over held-out songs (the trainers' epoch loss is a mean over songs too), `best` marks a
     new minimum. Returns the loss, or None on epochs skipped by `every`.
   - `evaluator.history` = [{epoch, loss}] for the train log (suggested key: `holdout`).
-Where it is wired: `lm.py` (`plan_data` splits `lm_codes.jsonl` songs, `train_lm` calls the
-evaluator after each epoch, `lm_train_log.json` key `holdout`) and `dit.py` (`setup` splits the
-tensor cache with `split_cache`, `end_epoch` calls `dit_epoch_end`, `dit_train_log.json` key
-`holdout`). Both keep [{epoch, loss}] in their resumable state.
+Where it is wired: the LM trainer (`lm_setup.plan_data` splits `lm_codes.jsonl` songs,
+`lm.train_lm` calls the evaluator after each epoch, `lm_train_log.json` key `holdout`) and
+`dit.py` (`setup` splits the tensor cache with `split_cache`, `end_epoch` calls `dit_epoch_end`,
+`dit_train_log.json` key `holdout`). Both keep [{epoch, loss}] in their resumable state.
 Ready-made `song_losses`:
   - LM: `lm_song_losses(held_examples)`: each held-out song's mean CE over its loss span through
     the trainer's `LmLossModule` (bf16 autocast on CUDA), i.e. `lm_loss.batch_loss` of a one-song

@@ -1,7 +1,7 @@
 """LM adapter training as a Ray Train job: the same setup -> train -> save in every worker.
 
-Driver: size the job from the memory plan (`lm.memory_plan`: every layer checkpointed, the largest
-micro-batch), pick the run folder, start a `TorchTrainer` whose workers ask for the GPU memory the plan needs
+Driver: size the job from the memory plan (`lm_setup.memory_plan`: every layer checkpointed, the
+largest micro-batch), pick the run folder, start a `TorchTrainer` whose workers ask for the GPU memory the plan needs
 (`distributed.gpu_share`: a share of one card for a one-worker job, whole GPUs for several; CPU
 workers when there is no GPU), `FailureConfig(max_failures)`.
 Worker: `setup_lm` on its device (DDP over the loss module when there are several workers; each
@@ -30,7 +30,7 @@ from hotstep_ray.core.events import EventLog, jsonl_sink
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.distributed.gpu_share import GB, gpu_worker_resources
 from hotstep_ray.distributed.ray_results import checkpoint_folder, results_location
-from hotstep_ray.training import lm
+from hotstep_ray.training import lm, lm_save, lm_setup, lm_spec, lm_start
 from hotstep_ray.training.lm_vram import GIB
 
 
@@ -46,24 +46,24 @@ def _train_loop(config: dict[str, Any]) -> None:
 
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
-    spec = lm.LmTrainSpec.from_config(config["spec"])
+    spec = lm_spec.LmTrainSpec.from_config(config["spec"])
     storage = Storage(config["storage_url"], **config.get("storage_options", {}))
     events = None
     if spec.events_key and rank == 0:
         events = EventLog(jsonl_sink(storage, spec.events_key))
     device = ray.train.torch.get_device() if config["use_gpu"] else torch.device("cpu")
     # the driver logged the warm start already (`run_lm_on_ray`)
-    setup = lm.setup_lm(
+    setup = lm_setup.setup_lm(
         spec, storage, rank=rank, world=world, device=device, events=events, log_start=False
     )
     state = None
     restored = ray.train.get_checkpoint()
     if restored is not None:
         with checkpoint_folder(restored) as folder:
-            state = lm.load_state(setup, Storage(folder), "")
+            state = lm_save.load_state(setup, Storage(folder), "")
         setup.log(f"resumed after a failure at epoch {state.epoch} (step {state.step})", "warn")
     elif config.get("resume"):  # the job's first attempt continues the run folder's checkpoint
-        state = lm.load_state(setup, storage, lm.checkpoint_key(spec.run_key))
+        state = lm_save.load_state(setup, storage, lm_save.checkpoint_key(spec.run_key))
         setup.log(f"resumed {spec.run_key} at epoch {state.epoch} (step {state.step})")
     # Fault injection for tests: fail once, after this epoch's report.
     marker = f"{spec.run_key}/.injected-failure"
@@ -72,13 +72,13 @@ def _train_loop(config: dict[str, Any]) -> None:
         fail_after = 0
     every = spec.engine.checkpoint_every
 
-    def report(setup: lm.LmSetup, state: lm.LmTrainState) -> None:
+    def report(setup: lm_setup.LmSetup, state: lm_save.LmTrainState) -> None:
         row = state.history[-1]
         metrics = {"epoch": state.epoch, "step": state.step, "loss": row["loss"]}
         due = every and (state.epoch % every == 0 or state.finished)
         if due and rank == 0:
             with tempfile.TemporaryDirectory() as folder:
-                lm.save_state(setup, state, Storage(folder), "")
+                lm_save.save_state(setup, state, Storage(folder), "")
                 checkpoint = ray.train.Checkpoint.from_directory(folder)
                 ray.train.report(metrics, checkpoint=checkpoint)
         else:
@@ -92,16 +92,16 @@ def _train_loop(config: dict[str, Any]) -> None:
 
     state = lm.train_lm(setup, state, on_epoch=report)
     if rank == 0:
-        lm.save_lm(setup, state)
+        lm_save.save_lm(setup, state)
         if "export" not in setup.options.stages:  # what a later export stage reads
-            lm.save_state(setup, state, storage, lm.checkpoint_key(setup.run_key))
+            lm_save.save_state(setup, state, storage, lm_save.checkpoint_key(setup.run_key))
         else:  # exported: a resumed run's checkpoint is spent, as in `lm.run_lm_training`
-            storage.delete(lm.checkpoint_key(setup.run_key), recursive=True)
+            storage.delete(lm_save.checkpoint_key(setup.run_key), recursive=True)
         storage.delete(marker)
 
 
 def run_lm_on_ray(
-    spec: lm.LmTrainSpec,
+    spec: lm_spec.LmTrainSpec,
     storage: Storage,
     *,
     num_workers: int = 1,
@@ -111,7 +111,7 @@ def run_lm_on_ray(
     fail_after_epoch: int = 0,
     events: EventLog | None = None,
     resume: bool = False,
-) -> lm.LmRunResult:
+) -> lm_save.LmRunResult:
     """Train on Ray and return what rank 0 wrote (run folder, files, the training log).
     `use_gpu=None` uses GPUs when the cluster has any; `events` (driver side: extract) defaults to
     appending to `spec.events_key`. `resume` continues the checkpoint in `spec.run_key` with the
@@ -146,16 +146,18 @@ def run_lm_on_ray(
             raise InputError("resume needs the run folder (run_key) of the interrupted run")
         spec = lm.options_from_checkpoint(spec, storage, events)
     else:  # the warm start, refused here rather than in a worker; its identity sizes the plan
-        dims = lm.read_dims(spec.lm_dir)
-        start = lm.resolve_start(spec, storage, dims, lm.lm_size_of(dims, spec.options.lm_size))
+        dims = lm_spec.read_dims(spec.lm_dir)
+        start = lm_start.resolve_start(
+            spec, storage, dims, lm_spec.lm_size_of(dims, spec.options.lm_size)
+        )
         spec = spec.model_copy(update={"options": start.options})
         if events is not None:
             events.log(start.line)
     if use_gpu is None:
         use_gpu = ray.cluster_resources().get("GPU", 0) > 0
-    estimate = lm.memory_plan(spec, storage)
+    estimate = lm_setup.memory_plan(spec, storage)
     if not spec.run_key:
-        size = lm.lm_size_of(lm.read_dims(spec.lm_dir), spec.options.lm_size)
+        size = lm_spec.lm_size_of(lm_spec.read_dims(spec.lm_dir), spec.options.lm_size)
         run_key = layout.new_run_dir(storage, layout.lm_adapter_base(size), spec.artist)
         spec = spec.model_copy(update={"run_key": run_key})
     if use_gpu:
@@ -187,6 +189,6 @@ def run_lm_on_ray(
     result = trainer.fit()
     if result.error is not None:
         raise result.error
-    log = storage.read_json(f"{spec.run_key}/{lm.LOG_FILE}")
+    log = storage.read_json(f"{spec.run_key}/{lm_save.LOG_FILE}")
     files = [k for k in storage.list(spec.run_key) if not storage.is_dir(k)]
-    return lm.LmRunResult(spec.run_key, files, log, finished=True)
+    return lm_save.LmRunResult(spec.run_key, files, log, finished=True)

@@ -17,7 +17,7 @@ from hotstep_ray.core.storage import Storage
 from hotstep_ray.training import dit_log
 
 ROOT = "adapters"
-LM_LOG_FILE = "lm_train_log.json"  # the LM trainer's run log (`training.lm.LOG_FILE`)
+LM_LOG_FILE = "lm_train_log.json"  # the LM trainer's run log (`training.lm_save.LOG_FILE`)
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,13 @@ def read_json_or_none(storage: Storage, key: str) -> dict | None:
     return log if isinstance(log, dict) else None
 
 
+def lm_stopped(log: dict | None) -> bool:
+    """Whether an LM run has stopped, by its `lm_train_log.json` (None: none was read): the
+    trainer writes that log once, when the run stops, naming why (`stop_reason`); an interrupted
+    run leaves only its checkpoint. A stopped run with its weights is finished."""
+    return bool(log and log.get("stop_reason"))
+
+
 def trained_run(storage: Storage, key: str) -> TrainedRun | None:
     """The adapter in `key` (None when it holds no weights). Finished by its log: the DiT's
     `dit_train_log.json` is rewritten every epoch and only its final write ends the run
@@ -87,7 +94,7 @@ def trained_run(storage: Storage, key: str) -> TrainedRun | None:
         )
     lm = read_json_or_none(storage, _join(key, LM_LOG_FILE))
     if lm is not None:
-        finished = bool(lm.get("stop_reason"))
+        finished = lm_stopped(lm)
         return TrainedRun(
             key,
             adapter_type,

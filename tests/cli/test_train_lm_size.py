@@ -18,7 +18,7 @@ from hotstep_ray.cli.train_lm_cmd import app, lm_folder
 from hotstep_ray.core.contracts import TrainLmOptions
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.models.full_configs import LM_CONFIGS
-from hotstep_ray.training import lm, lm_vram
+from hotstep_ray.training import lm, lm_save, lm_spec, lm_vram
 
 CODES = "tensors/band/v1/lm_codes.jsonl"
 
@@ -39,13 +39,13 @@ def checkpoints(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def trained(monkeypatch) -> list[lm.LmTrainSpec]:
+def trained(monkeypatch) -> list[lm_spec.LmTrainSpec]:
     """The specs `run_lm_training` was called with (it returns an empty extract-only result)."""
-    seen: list[lm.LmTrainSpec] = []
+    seen: list[lm_spec.LmTrainSpec] = []
 
     def stub(spec, storage, **_):
         seen.append(spec)
-        return lm.LmRunResult(run_key="", files=[CODES], log={}, finished=True)
+        return lm_save.LmRunResult(run_key="", files=[CODES], log={}, finished=True)
 
     monkeypatch.setattr(lm, "run_lm_training", stub)
     return seen
@@ -97,10 +97,10 @@ def test_lm_folder_and_lm_size_of(checkpoints) -> None:
     folder, options = lm_folder(str(checkpoints), TrainLmOptions(lm_model="acestep-5Hz-lm-1.7B"))
     assert folder == checkpoints / "acestep-5Hz-lm-1.7B" and options.lm_size == "1.7B"
     dims = lm_vram.LmDims.from_config(LM_CONFIGS["4B"])
-    assert lm.lm_size_of(dims, "0.6B", explicit=False) == "4B"
-    assert lm.lm_size_of(dims, "4B") == "4B"
+    assert lm_spec.lm_size_of(dims, "0.6B", explicit=False) == "4B"
+    assert lm_spec.lm_size_of(dims, "4B") == "4B"
     with pytest.raises(InputError, match="holds a 4B model"):
-        lm.lm_size_of(dims, "0.6B")  # explicit by default: the trainers' own check
+        lm_spec.lm_size_of(dims, "0.6B")  # explicit by default: the trainers' own check
 
 
 def test_without_a_size_or_folder_the_largest_present_lm_trains(

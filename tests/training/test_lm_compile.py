@@ -21,7 +21,16 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from hotstep_ray.core.contracts import TrainLmOptions
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.training import adapters, compiling, lm, lm_data, lm_loss
+from hotstep_ray.training import (
+    adapters,
+    compiling,
+    lm,
+    lm_data,
+    lm_loss,
+    lm_save,
+    lm_setup,
+    lm_spec,
+)
 from hotstep_ray.training.adapters import AdapterSpec
 from hotstep_ray.training.speed import SpeedOptions
 
@@ -300,39 +309,44 @@ def _saved_bytes(model, batch) -> int:
 
 def test_compile_modes_resolve_per_device_and_the_cpu_is_refused():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert lm.compile_mode("auto", cpu) == "off"
-    assert lm.compile_mode("auto", cuda) == "default"
-    assert lm.compile_mode("off", cpu) == "off"
-    assert lm.compile_mode("reduce-overhead", cuda) == "reduce-overhead"
+    assert lm_setup.compile_mode("auto", cpu) == "off"
+    assert lm_setup.compile_mode("auto", cuda) == "default"
+    assert lm_setup.compile_mode("off", cpu) == "off"
+    assert lm_setup.compile_mode("reduce-overhead", cuda) == "reduce-overhead"
     for mode in ("default", "reduce-overhead"):
         with pytest.raises(InputError, match="needs a CUDA device.*use compile off or auto"):
-            lm.compile_mode(mode, cpu)
+            lm_setup.compile_mode(mode, cpu)
     with pytest.raises(InputError, match="expected auto, off, default or reduce-overhead"):
-        lm.compile_mode("max-autotune", cuda)
+        lm_setup.compile_mode("max-autotune", cuda)
     # saved specs from before the modes: compile true/false
-    assert lm.LmEngine(compile=True).compile == "default"
-    assert lm.LmEngine(compile=False).compile == "off"
-    assert lm.LmEngine().compile == "auto"  # reduce-overhead on CUDA (with_graphs), off on CPUs
+    assert lm_spec.LmEngine(compile=True).compile == "default"
+    assert lm_spec.LmEngine(compile=False).compile == "off"
+    # reduce-overhead on CUDA (with_graphs), off on CPUs
+    assert lm_spec.LmEngine().compile == "auto"
     assert compiling.with_graphs("auto", "default", ckpt_layers=0) == "reduce-overhead"
     assert compiling.with_graphs("auto", "default", ckpt_layers=2) == "default"
     assert compiling.with_graphs("reduce-overhead", "reduce-overhead", 2) == "reduce-overhead"
     assert compiling.with_graphs("auto", "default", ckpt_layers=0, ddp=True) == "default"
     # padding: 64-token rows when compiled unless the engine says otherwise
-    assert lm.row_multiple(lm.LmEngine(), compiled=True) == lm_loss.COMPILE_PAD_MULTIPLE == 64
-    assert lm.row_multiple(lm.LmEngine(), compiled=False) == 1
-    assert lm.row_multiple(lm.LmEngine(pad_multiple=128), compiled=True) == 128
+    assert (
+        lm_setup.row_multiple(lm_spec.LmEngine(), compiled=True)
+        == lm_loss.COMPILE_PAD_MULTIPLE
+        == 64
+    )
+    assert lm_setup.row_multiple(lm_spec.LmEngine(), compiled=False) == 1
+    assert lm_setup.row_multiple(lm_spec.LmEngine(pad_multiple=128), compiled=True) == 128
 
 
 def test_the_trainer_refuses_compile_on_the_cpu_before_loading_anything(tmp_path):
-    spec = lm.LmTrainSpec(
+    spec = lm_spec.LmTrainSpec(
         options=TrainLmOptions(lm_size="0.6B", init_adapter=""),
         lm_dir=str(tmp_path / "no-such-lm"),  # never read: the refusal comes first
         codes_key=CODES_KEY,
         artist="band",
-        engine=lm.LmEngine(device="cpu", compile="default"),
+        engine=lm_spec.LmEngine(device="cpu", compile="default"),
     )
     with pytest.raises(InputError, match="compile 'default' needs a CUDA device"):
-        lm.setup_lm(spec, Storage(tmp_path / "data"))
+        lm_setup.setup_lm(spec, Storage(tmp_path / "data"))
 
 
 def _graph_check():
@@ -354,14 +368,14 @@ def tiny(tmp_path_factory) -> tuple[Path, Storage]:
     return GRAPH_CHECK.prepare(tmp_path_factory.mktemp("lm-compile"))
 
 
-def _run_spec(folder: Path, run: str, compile: str) -> lm.LmTrainSpec:
+def _run_spec(folder: Path, run: str, compile: str) -> lm_spec.LmTrainSpec:
     # layer 0 checkpointed; 64-token rows pinned: several row widths (several graphs); left at 0,
     # a 2-epoch run of short songs coarsens to one width (`lm_data.pick_pad_multiple`)
     return GRAPH_CHECK.spec(folder, compile, 2, "cpu", 1e-3, checkpointing="1", run=run)
 
 
 @pytest.fixture(scope="module")
-def eager_run(tiny) -> lm.LmRunResult:
+def eager_run(tiny) -> lm_save.LmRunResult:
     folder, storage = tiny
     return lm.run_lm_training(_run_spec(folder, "eager", "off"), storage)
 
@@ -380,13 +394,13 @@ def test_a_compiled_training_run_equals_the_eager_run(tiny, eager_run, mode, mon
     def on_cpu(layers, mode):
         compile_layers(layers, mode, backend=counter)
 
-    monkeypatch.setattr(lm, "compile_mode", lambda requested, device: requested)
+    monkeypatch.setattr(lm_setup, "compile_mode", lambda requested, device: requested)
     monkeypatch.setattr(lm_loss, "compile_layers", on_cpu)
     functorch_config.activation_memory_budget = 1.0
-    setup = lm.setup_lm(_run_spec(folder, mode, mode), storage)
+    setup = lm_setup.setup_lm(_run_spec(folder, mode, mode), storage)
     assert setup.compile == mode and setup.pad_multiple == 64
     # the engine's budget reaches AOTAutograd's partitioner before any graph is partitioned
-    assert functorch_config.activation_memory_budget == lm.LmEngine().activation_budget == 0.8
+    assert functorch_config.activation_memory_budget == lm_spec.LmEngine().activation_budget == 0.8
     shapes = {(len(g), lm_data.row_width(setup.examples, g, 64)) for g in setup.groups}
     assert len(shapes) >= 2 and all(width % 64 == 0 for _, width in shapes)
     params = [p for _, p in adapters.trainable_parameters(setup.model)]
@@ -408,7 +422,7 @@ def test_a_compiled_training_run_equals_the_eager_run(tiny, eager_run, mode, mon
         assert [b.numel() for b in setup.grad_flats.buffers] == [sum(p.numel() for p in params)]
     else:
         assert setup.grad_flats is None
-    log = lm.train_log(setup, state)
+    log = lm_save.train_log(setup, state)
     assert log["config"]["compile"] == mode and log["config"]["pad_multiple"] == 64
 
 
@@ -420,7 +434,7 @@ def test_activation_budget_is_validated_and_set_process_wide():
             compiling.set_activation_budget(bad)
     assert functorch_config.activation_memory_budget == 0.5  # a refused value changes nothing
     with pytest.raises(ValueError):  # the engine refuses it before anything runs
-        lm.LmEngine(activation_budget=0)
+        lm_spec.LmEngine(activation_budget=0)
 
 
 def test_a_compiled_run_picks_its_row_width_multiple(tiny, monkeypatch):
@@ -428,11 +442,11 @@ def test_a_compiled_run_picks_its_row_width_multiple(tiny, monkeypatch):
     two epochs of six short songs compile one width instead of several, and the memory plan
     sizes the coarser rows."""
     folder, storage = tiny
-    monkeypatch.setattr(lm, "compile_mode", lambda requested, device: requested)
+    monkeypatch.setattr(lm_setup, "compile_mode", lambda requested, device: requested)
     monkeypatch.setattr(lm_loss, "compile_layers", lambda layers, mode: None)
     spec = _run_spec(folder, "picked", "default")
     spec = spec.model_copy(update={"engine": spec.engine.model_copy(update={"pad_multiple": 0})})
-    setup = lm.setup_lm(spec, storage)
+    setup = lm_setup.setup_lm(spec, storage)
     fine = lm_data.compiled_shapes(setup.examples, setup.groups, 64)
     picked = lm_data.compiled_shapes(setup.examples, setup.groups, setup.pad_multiple)
     assert setup.pad_multiple > 64 and len(picked) < len(fine)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from test_lm_train import make_spec, one_thread, tiny  # noqa: F401  (fixtures)
 
 from hotstep_ray.core.events import EventLog
-from hotstep_ray.training import lm
 from hotstep_ray.training import lm_data as data
+from hotstep_ray.training import lm_setup
 
 
 def test_compiling_pays_only_for_enough_tokens_per_shape() -> None:
@@ -23,10 +23,10 @@ def test_compiling_pays_only_for_enough_tokens_per_shape() -> None:
 def test_a_short_auto_run_is_set_up_eagerly_and_says_so(tiny, monkeypatch) -> None:  # noqa: F811
     folder, storage = tiny
     # The CPU never compiles; stand in for CUDA's answer ("default") to reach the decision.
-    monkeypatch.setattr(lm, "compile_mode", lambda requested, device: "default")
+    monkeypatch.setattr(lm_setup, "compile_mode", lambda requested, device: "default")
     messages: list[str] = []
     events = EventLog(lambda event: messages.append(getattr(event, "message", "")))
     spec = make_spec(folder, "adapters/lm-06b/band/eager", epochs=2, engine={"compile": "auto"})
-    setup = lm.setup_lm(spec, storage, events=events)
+    setup = lm_setup.setup_lm(spec, storage, events=events)
     assert setup.compile == "off" and setup.pad_multiple == 1
     assert any("training eagerly" in message for message in messages)

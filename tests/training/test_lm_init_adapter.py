@@ -14,7 +14,7 @@ from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog, LogEvent
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.models.tiny_tree import write_tiny_lm
-from hotstep_ray.training import lm
+from hotstep_ray.training import lm, lm_setup, lm_spec
 from hotstep_ray.training import lm_data as D
 
 LOKR = {"adapter_type": "lokr", "lokr_dim": 4, "lokr_alpha": 4, "lokr_factor": 4}
@@ -31,7 +31,7 @@ def tiny_fixture(tmp_path_factory) -> tuple[Path, Storage]:
     return folder, storage
 
 
-def _spec(folder, artist: str, **options) -> lm.LmTrainSpec:
+def _spec(folder, artist: str, **options) -> lm_spec.LmTrainSpec:
     return make_spec(folder, **options).model_copy(update={"artist": artist})
 
 
@@ -51,14 +51,14 @@ def test_latest_is_the_newest_finished_run_of_the_type_asked_for(tiny):
     assert lokr.run_key > lora.run_key  # the newer run is another type
     seen, events = _events()
     asked = _spec(folder, "kinds", init_adapter="latest")  # lora r8 given
-    setup = lm.setup_lm(asked, storage, events=events)
+    setup = lm_setup.setup_lm(asked, storage, events=events)
     url = storage.url_of(lora.run_key)
     assert setup.init_from["url"] == url and setup.identity.kind == "lora"
     (line,) = _starts(seen)
     assert line.startswith(f"warm start from {url}: epoch {lora.log['saved_epoch']}, loss ")
     # no type given: the newest run of any type, its identity adopted
     untyped = _spec(folder, "kinds", init_adapter="latest", adapter_type=None, rank=None)
-    adopted = lm.setup_lm(untyped.model_copy(update={"options": untyped.options}), storage)
+    adopted = lm_setup.setup_lm(untyped.model_copy(update={"options": untyped.options}), storage)
     assert adopted.init_from["url"] == storage.url_of(lokr.run_key)
     assert adopted.identity.kind == "lokr" and adopted.identity.rank == 4
 
@@ -67,7 +67,7 @@ def test_no_finished_run_of_the_type_starts_fresh_and_says_so(tiny):
     folder, storage = tiny
     lm.run_lm_training(_spec(folder, "fresh", epochs=1), storage)  # a LoRA run
     seen, events = _events()
-    setup = lm.setup_lm(
+    setup = lm_setup.setup_lm(
         _spec(folder, "fresh", init_adapter="latest", **LOKR), storage, events=events
     )
     assert not setup.init_from and setup.identity.kind == "lokr"
@@ -76,7 +76,7 @@ def test_no_finished_run_of_the_type_starts_fresh_and_says_so(tiny):
         "(init adapter latest)"
     ]
     seen.clear()
-    lm.setup_lm(_spec(folder, "fresh"), storage, events=events)  # init_adapter ""
+    lm_setup.setup_lm(_spec(folder, "fresh"), storage, events=events)  # init_adapter ""
     assert _starts(seen) == ["no warm start (init adapter ''): starting fresh"]
 
 
@@ -90,4 +90,4 @@ def test_a_start_that_cannot_fit_is_refused_before_the_weights_load(tiny, monkey
     monkeypatch.setattr("hotstep_ray.models.text_models.load_lm", no_load)
     for init in (source, "latest"):
         with pytest.raises(InputError, match="rank 8 vs 16"):
-            lm.setup_lm(_spec(folder, "fit", init_adapter=init, rank=16), storage)
+            lm_setup.setup_lm(_spec(folder, "fit", init_adapter=init, rank=16), storage)

@@ -19,7 +19,7 @@ from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog, MetricEvent
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.models.tiny_tree import write_tiny_lm
-from hotstep_ray.training import lm
+from hotstep_ray.training import lm, lm_save, lm_setup, lm_spec
 from hotstep_ray.training import lm_data as D
 
 CACHE = "tensors/band/v1"
@@ -68,7 +68,9 @@ def tiny(tmp_path_factory) -> tuple[Path, Storage]:
     return folder, storage
 
 
-def make_spec(folder: Path, run_key: str = "", codes: str = CODES_KEY, **options) -> lm.LmTrainSpec:
+def make_spec(
+    folder: Path, run_key: str = "", codes: str = CODES_KEY, **options
+) -> lm_spec.LmTrainSpec:
     given = {
         "lm_size": "0.6B",
         "adapter_type": "lora",
@@ -84,7 +86,7 @@ def make_spec(folder: Path, run_key: str = "", codes: str = CODES_KEY, **options
         "milestone_step": 0,
         **options,
     }
-    return lm.LmTrainSpec(
+    return lm_spec.LmTrainSpec(
         options=TrainLmOptions(**given),
         lm_dir=str(folder),
         codes_key=codes,
@@ -128,12 +130,12 @@ def test_train_alone_then_export_alone_equals_train_and_export(tiny):
     whole = lm.run_lm_training(make_spec(folder, "adapters/lm-06b/band/whole"), storage)
     split_key = "adapters/lm-06b/band/split"
     trained = lm.run_lm_training(make_spec(folder, split_key, stages=["train"]), storage)
-    assert trained.finished and [k.rsplit("/", 1)[1] for k in trained.files] == [lm.LOG_FILE]
-    assert storage.exists(f"{lm.checkpoint_key(split_key)}/checkpoint.json")  # kept for export
+    assert trained.finished and [k.rsplit("/", 1)[1] for k in trained.files] == [lm_save.LOG_FILE]
+    assert storage.exists(f"{lm_save.checkpoint_key(split_key)}/checkpoint.json")  # kept for export
     assert not storage.exists(f"{split_key}/adapter_model.safetensors")
     # export alone: the options come from the checkpoint (these contradict it and are ignored)
     exported = lm.run_lm_training(make_spec(folder, split_key, stages=["export"], rank=8), storage)
-    assert not storage.exists(lm.checkpoint_key(split_key))
+    assert not storage.exists(lm_save.checkpoint_key(split_key))
     a = load_file(storage.local_path(f"{whole.run_key}/adapter_model.safetensors"))
     b = load_file(storage.local_path(f"{split_key}/adapter_model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -209,22 +211,22 @@ def test_cli_calibrates_after_training_and_latest_skips_the_calibrated_folder(ti
     # `latest` (the default) continues the run, never the newer `-calibrated` folder
     spec = make_spec(folder, init_adapter="latest")
     spec = spec.model_copy(update={"artist": "calib"})
-    setup = lm.setup_lm(spec, storage)
+    setup = lm_setup.setup_lm(spec, storage)
     assert setup.init_from["url"].endswith(run_key)
 
 
 def test_muon_precision_option_reaches_the_optimizer(tiny, monkeypatch):
     folder, storage = tiny
     seen = {}
-    real = lm.build_optimizer
+    real = lm_setup.build_optimizer
 
     def spy(*args, **kwargs):
         seen.update(kwargs)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(lm, "build_optimizer", spy)
+    monkeypatch.setattr(lm_setup, "build_optimizer", spy)
     spec = make_spec(folder, codes=SIX, optimizer="muon", muon_ns_precision="tf32")
-    lm.setup_lm(spec, storage)
+    lm_setup.setup_lm(spec, storage)
     assert seen["kind"] == "muon" and seen["muon_ns_precision"] == "tf32"
     seen.clear()  # and from the command line
     from hotstep_ray.cli.train_lm_cmd import app

@@ -17,7 +17,7 @@ from hotstep_ray.core.storage import Storage
 from hotstep_ray.models import lm_tokenizer, prompts
 from hotstep_ray.models.text_models import load_lm
 from hotstep_ray.models.tiny_tree import write_tiny_lm
-from hotstep_ray.training import adapters, export, lm
+from hotstep_ray.training import adapters, export, lm, lm_save, lm_setup, lm_spec, lm_start
 from hotstep_ray.training import lm_data as D
 
 CODES_KEY = "tensors/band/v1/lm_codes.jsonl"
@@ -48,7 +48,7 @@ def tiny(tmp_path_factory) -> tuple[Path, Storage]:
 
 def make_spec(
     folder: Path, run_key: str = "", engine: dict | None = None, **options
-) -> lm.LmTrainSpec:
+) -> lm_spec.LmTrainSpec:
     given = {  # None = not given (identity fields are then adopted from an init adapter)
         "lm_size": "0.6B",
         "adapter_type": "lora",
@@ -63,19 +63,19 @@ def make_spec(
         "milestone_step": 0,
         **options,
     }
-    return lm.LmTrainSpec(
+    return lm_spec.LmTrainSpec(
         options=TrainLmOptions(**{k: v for k, v in given.items() if v is not None}),
         lm_dir=str(folder),
         codes_key=CODES_KEY,
         artist="band",
         trigger=TRIGGER,
-        engine=lm.LmEngine(**(engine or {})),
+        engine=lm_spec.LmEngine(**(engine or {})),
         run_key=run_key,
     )
 
 
 @pytest.fixture(scope="module")
-def trained(tiny) -> lm.LmRunResult:
+def trained(tiny) -> lm_save.LmRunResult:
     folder, storage = tiny
     spec = make_spec(folder, epochs=30, milestone_step=2.0, milestone_keep=2)
     return lm.run_lm_training(spec, storage)
@@ -89,8 +89,8 @@ def test_loss_falls_on_a_memorisable_set(trained, tiny):
     assert trained.log["saved_reason"] == "best" and trained.log["saved_loss"] == min(losses)
     assert trained.run_key.startswith("adapters/lm-06b/band/")
     names = {key.rsplit("/", 1)[1] for key in trained.files}
-    assert names == {"adapter_config.json", "adapter_model.safetensors", lm.LOG_FILE}
-    assert not storage.exists(lm.checkpoint_key(trained.run_key))  # removed after export
+    assert names == {"adapter_config.json", "adapter_model.safetensors", lm_save.LOG_FILE}
+    assert not storage.exists(lm_save.checkpoint_key(trained.run_key))  # removed after export
     milestones = trained.log["milestones"]
     assert 1 <= len(milestones) <= 2
     assert all(storage.exists(f"{m['path']}/adapter_model.safetensors") for m in milestones)
@@ -110,7 +110,7 @@ def test_resume_equals_uninterrupted(tiny):
     part = part.model_copy(update={"codes_key": "tensors/band/v2/lm_codes.jsonl"})
     straight = lm.run_lm_training(whole, storage)
     first = lm.run_lm_training(part, storage, stop_after_epoch=2)
-    assert not first.finished and storage.exists(lm.checkpoint_key(part.run_key))
+    assert not first.finished and storage.exists(lm_save.checkpoint_key(part.run_key))
     resumed = lm.run_lm_training(part, storage, resume=True)
     # exact: the same kernels in this process, the checkpoint restores every float32 bit
     assert [r["loss"] for r in resumed.log["epochs"]] == [r["loss"] for r in straight.log["epochs"]]
@@ -135,7 +135,7 @@ def test_exported_adapter_loads_in_peft_and_changes_the_logits(trained, tiny):
     from peft import PeftModel
 
     folder, storage = tiny
-    tokenizer = lm.load_tokenizer(folder)
+    tokenizer = lm_spec.load_tokenizer(folder)
     song = D.load_lm_codes(storage, CODES_KEY)[0][0]
     base = load_lm(folder, device="cpu")
     base_loss = _song_loss(base, tokenizer, song)
@@ -157,7 +157,7 @@ def test_generation_with_the_adapter_emits_only_code_tokens_after_think(trained,
     from peft import PeftModel
 
     folder, storage = tiny
-    tokenizer = lm.load_tokenizer(folder)
+    tokenizer = lm_spec.load_tokenizer(folder)
     song = D.load_lm_codes(storage, CODES_KEY)[0][1]
     caption = D.song_caption(song, TRIGGER)
     cot = prompts.format_cot(D.cot_metadata(song, caption))
@@ -199,20 +199,20 @@ def test_identity_mismatch_on_init_adapter_is_refused(trained, tiny):
     folder, storage = tiny
     source = trained.run_key
     # not given: adopted from the source run (lora r8, alpha 16)
-    adopted = lm.setup_lm(make_spec(folder, init_adapter=source, rank=None), storage)
+    adopted = lm_setup.setup_lm(make_spec(folder, init_adapter=source, rank=None), storage)
     assert adopted.options.rank == 8 and adopted.identity.rank == 8
     assert adopted.init_from["url"].endswith(source)
     # given and contradicting: refused with the reason
     with pytest.raises(InputError, match="rank 8 vs 16"):
-        lm.setup_lm(make_spec(folder, init_adapter=source, rank=16), storage)
+        lm_setup.setup_lm(make_spec(folder, init_adapter=source, rank=16), storage)
     with pytest.raises(InputError, match="adapter type lora vs lokr"):
-        lm.setup_lm(
+        lm_setup.setup_lm(
             make_spec(folder, init_adapter=source, adapter_type="lokr", lokr_factor=4), storage
         )
-    other_size = lm.AdapterIdentity(hidden=1024, layers=28, kind="lora", rank=8, size="0.6B")
-    mine = lm.AdapterIdentity(hidden=2560, layers=36, kind="lora", rank=8, size="4B")
+    other_size = lm_start.AdapterIdentity(hidden=1024, layers=28, kind="lora", rank=8, size="0.6B")
+    mine = lm_start.AdapterIdentity(hidden=2560, layers=36, kind="lora", rank=8, size="4B")
     with pytest.raises(InputError, match="base LM 0.6B vs 4B"):
-        lm.check_identity(other_size, mine, "somewhere")
+        lm_start.check_identity(other_size, mine, "somewhere")
 
 
 def test_lokr_run_exports_lycoris_and_is_continued_with_its_shape(tiny):
@@ -220,15 +220,20 @@ def test_lokr_run_exports_lycoris_and_is_continued_with_its_shape(tiny):
     lokr = {"adapter_type": "lokr", "lokr_dim": 4, "lokr_alpha": 4, "lokr_factor": 4}
     spec = make_spec(folder, "adapters/lm-06b/band/lokr", epochs=2, **lokr)
     result = lm.run_lm_training(spec, storage)
-    assert [k.rsplit("/", 1)[1] for k in result.files] == ["lokr_weights.safetensors", lm.LOG_FILE]
+    assert [k.rsplit("/", 1)[1] for k in result.files] == [
+        "lokr_weights.safetensors",
+        lm_save.LOG_FILE,
+    ]
     kind, tensors, meta = export.read_adapter_file(storage, spec.run_key)
     assert kind == "lokr" and meta["format"] == "lycoris" and meta["algo"] == "lokr"
     assert json.loads(meta["lokr_config"])["linear_dim"] == 4
     assert all(k.startswith("lycoris_model_layers_") for k in tensors)
     assert all(t.dtype == torch.bfloat16 for t in tensors.values())
     assert meta["hot_step_trigger"] == TRIGGER and meta["hot_step_lm_trainer"] == "v1"
-    again = lm.setup_lm(make_spec(folder, init_adapter=spec.run_key, adapter_type=None), storage)
-    assert again.identity == lm.AdapterIdentity(32, 2, "lokr", 4, 4, "0.6B")
+    again = lm_setup.setup_lm(
+        make_spec(folder, init_adapter=spec.run_key, adapter_type=None), storage
+    )
+    assert again.identity == lm_start.AdapterIdentity(32, 2, "lokr", 4, 4, "0.6B")
 
 
 def test_no_epoch_is_best_before_a_step_has_changed_the_weights(tiny):
@@ -238,7 +243,7 @@ def test_no_epoch_is_best_before_a_step_has_changed_the_weights(tiny):
     folder, storage = tiny
     one_step = {"grad_accum": 2}  # the two songs make one optimizer step per epoch
     spec = make_spec(folder, "adapters/lm-06b/band/lr0", epochs=3, **one_step)
-    setup = lm.setup_lm(spec, storage)
+    setup = lm_setup.setup_lm(spec, storage)
     state = lm.train_lm(setup)
     assert setup.schedule.factor(0) == 0 and state.step == 3
     assert state.saved_reason == "best" and state.best_epoch >= 2
@@ -246,17 +251,17 @@ def test_no_epoch_is_best_before_a_step_has_changed_the_weights(tiny):
     messages: list[str] = []
     events = EventLog(lambda event: messages.append(getattr(event, "message", "")))
     spec = make_spec(folder, "adapters/lm-06b/band/lr0-only", epochs=3, **one_step)
-    setup = lm.setup_lm(spec, storage, events=events)
+    setup = lm_setup.setup_lm(spec, storage, events=events)
     state = lm.train_lm(setup, stop_after_epoch=1)  # stopped after its lr(0) step
     assert state.step == 1 and not state.saved_state  # nothing was ever "best"
-    result = lm.save_lm(setup, state)
+    result = lm_save.save_lm(setup, state)
     assert result.log["saved_reason"] == "final"
     assert any("the adapter never changed" in message for message in messages)
 
 
 def test_a_non_finite_gradient_stops_before_the_step(tiny):
     folder, storage = tiny
-    setup = lm.setup_lm(make_spec(folder, "adapters/lm-06b/band/nan", epochs=5), storage)
+    setup = lm_setup.setup_lm(make_spec(folder, "adapters/lm-06b/band/nan", epochs=5), storage)
     key, poisoned = next(iter(adapters.adapter_parameters(setup.model).items()))
     with torch.no_grad():
         poisoned.fill_(float("nan"))
@@ -266,7 +271,7 @@ def test_a_non_finite_gradient_stops_before_the_step(tiny):
     after = adapters.adapter_state_dict(setup.model)
     assert all(torch.equal(after[k], before[k]) for k in before if k != key)  # no step was taken
     with pytest.raises(InputError, match="no finite epoch"):
-        lm.save_lm(setup, state)
+        lm_save.save_lm(setup, state)
 
 
 def test_cli_trains_and_writes_the_run(tiny):
@@ -310,7 +315,7 @@ def test_a_ray_job_continues_an_interrupted_run(ray_session, tiny):
     assert [r["loss"] for r in resumed.log["epochs"]] == pytest.approx(
         [r["loss"] for r in straight.log["epochs"]], rel=1e-5
     )
-    assert not storage.exists(lm.checkpoint_key(part.run_key))
+    assert not storage.exists(lm_save.checkpoint_key(part.run_key))
     with pytest.raises(InputError, match="no training checkpoint"):
         run_lm_on_ray(part, storage, use_gpu=False, max_failures=0, resume=True)
 
@@ -341,7 +346,7 @@ def test_the_checkpoint_names_the_job_that_trains_the_run(tiny):
     spec = make_spec(folder, "adapters/lm-06b/band/live", epochs=2).model_copy(
         update={"job_id": "job-7"}
     )
-    setup = lm.setup_lm(spec, storage)
+    setup = lm_setup.setup_lm(spec, storage)
     state = lm.train_lm(setup, stop_after_epoch=1)
-    lm.save_state(setup, state, storage, lm.checkpoint_key(spec.run_key))
+    lm_save.save_state(setup, state, storage, lm_save.checkpoint_key(spec.run_key))
     assert read_lm_progress(storage, spec.run_key).job_id == "job-7"
