@@ -58,14 +58,14 @@ def compile_mode(requested: str, device: torch.device) -> str:
     return compiling.resolve_mode(requested, device, "the DiT blocks")
 
 
-# "auto" compiles only runs of at least this many optimizer steps. Compiling the blocks (and
-# capturing the step graph) costs tens of seconds before the first step (docs/BENCHMARKS.md,
-# "Compile cache, cold and warm"); it pays back after compile seconds / (eager step - compiled
-# step) steps. With a warm cache's compile and an eager step about three times the compiled one
-# (row `dit-2b-recipe` for the compiled step) that is about 200, so a short run, such as a first
-# try on a few songs, finishes sooner eagerly. The eager step at the recipe's shape is not benched
-# yet (BENCHMARKS, "Not measured yet"): an estimate, to be set from that row once it runs.
-COMPILE_MIN_STEPS = 200
+# "auto" compiles only runs of at least this many optimizer steps. Compiling the blocks and
+# capturing the step graph costs tens of seconds before the first step; it pays back after
+# (compile seconds - eager first step) / (eager step - compiled step) steps. Rows
+# `dit-2b-recipe-eager` (warm-up and step without compiling) against `dit-2b-recipe` and the
+# compile cache's cold/warm rows (docs/BENCHMARKS.md) put that near 100 steps with an empty
+# compile cache and a few dozen with a warm one: a run shorter than that, such as a first try on
+# a few songs, finishes sooner eagerly; the cold figure is used, since the first run is cold.
+COMPILE_MIN_STEPS = 100
 
 
 def eager_for_short_run(requested: str, mode: str, planned_steps: int) -> bool:
