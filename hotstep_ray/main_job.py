@@ -54,6 +54,8 @@ from hotstep_ray.audio.example_songs import write_example_songs
 from hotstep_ray.core import layout
 from hotstep_ray.core.compile_cache import use_compile_cache
 from hotstep_ray.core.contracts import (
+    AUDITION_DECODER_GPUS,
+    AUDITION_LM_GPUS,
     JOB_PHASES,
     BuildOptions,
     CaptionProviderChoice,
@@ -248,6 +250,10 @@ class StageReport:
     start_s: float = 0.0  # seconds from the job's start
     loop_s: float | None = None  # trainers: seconds in their epochs (the first one compiles)
     first_epoch_s: float | None = None  # trainers: the first epoch (compile, graph capture)
+    # trainers: seconds before the first epoch began (Ray Train's worker, imports, loading the
+    # model and the cache, the adapter) and after the last one ended (final export, shutdown)
+    setup_s: float | None = None
+    finish_s: float | None = None
     gpu_busy: float | None = None  # share of 1 s samples in which the GPU ran a kernel
     gpu_mean_util: float | None = None  # percent
     gpu_peak_gib: float | None = None  # memory in use on the busiest GPU
@@ -266,6 +272,7 @@ class TrainedAdapter:
     step_losses: list[tuple[int, float]]  # from the step events (every step, or rate-limited)
     saved_reason: str
     epoch_seconds: list[float] = field(default_factory=list)  # each epoch's loop time, from the log
+    epoch_ends: list[float] = field(default_factory=list)  # unix s of each epoch's event
     resumed_epochs: int = 0  # epochs a continued run had done before this job continued it
 
     @property
@@ -388,7 +395,7 @@ def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> Ma
                             job, storage, detail, pre, checkpoints, recipe, config, runs
                         )
                         row.note(_train_summary(run, how or where), run.url, _loss_change(run))
-                        row.epochs = _epochs_run(run, how)
+                        row.epochs, row.epoch_ends = _epochs_run(run, how)
                     return run
 
                 return stage
@@ -398,13 +405,21 @@ def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> Ma
             # run side by side; in this process they would contend for the interpreter and
             # torch's threads, so they run one after the other.
             stages = (trainer("train-dit", train_dit_stage), trainer("train-lm", train_lm_stage))
-            dit_run, lm_run = _side_by_side(stages, config.ray_train)
-            if config.audition:
-                with _stage(job, reports, "audition", clock) as row:
-                    ab = audition_stage(job, storage, detail, checkpoints, lm_run, recipe)
-                    row.note(_ab_summary(ab), ab.preview_url)
-            else:
-                _skip(job, reports, ("audition",), "--skip-audition", clock)
+            with contextlib.ExitStack() as serving:
+                app = None
+                if config.audition:
+                    lm_dir = _lm_dir(checkpoints, recipe)
+                    app = _AuditionApp(serving, job, checkpoints, storage.url, lm_dir, recipe)
+                # On Ray the app's replicas load the base LM and the decoder (and capture their
+                # graphs) while the adapters train; the A/B then only asks.
+                early = app.start if app is not None and config.ray_train else None
+                dit_run, lm_run = _side_by_side(stages, config.ray_train, meanwhile=early)
+                if app is not None:
+                    with _stage(job, reports, "audition", clock) as row:
+                        ab = audition_stage(job, storage, detail, lm_run, recipe, app)
+                        row.note(_ab_summary(ab), ab.preview_url)
+                else:
+                    _skip(job, reports, ("audition",), "--skip-audition", clock)
             with _stage(job, reports, "report", clock) as row:
                 plot_url = report_stage(storage, job.id, dit_run, lm_run)
                 row.note("loss per step of both runs", plot_url)
@@ -831,12 +846,12 @@ def audition_stage(
     job: Job,
     storage: Storage,
     detail: DatasetDetail,
-    checkpoints: Path,
     lm_run: TrainedAdapter,
     recipe: Recipe,
+    app: _AuditionApp,
 ) -> AbReport:
-    """Serve the audition app on 127.0.0.1, A/B the base LM against the new adapter (same seed),
-    check that the base side equals a plain adapterless /lm call, and stop Serve."""
+    """A/B the base LM against the new adapter (same seed) on the audition app (started now
+    unless it already was), and check that the base side equals a plain adapterless /lm call."""
     sample = next((s for s in detail.samples if s.caption and s.bpm), None)
     metas: dict[str, Any] = {"timesignature": "4"}  # pinned metas: the LM plans no CoT
     caption = "a short instrumental"
@@ -853,18 +868,17 @@ def audition_stage(
         **metas,
         **recipe.ab,
     }
-    with _audition_app(checkpoints, storage.url, lm_run.base_model, recipe.device) as (url, token):
-        job.events.log(f"audition app on {url} (bearer token: this run only)")
-        ab = _post(url, "/audition", ab_body, token)
-        base, tuned = ab["sides"]
-        for side in (base, tuned):
-            if not side["ok"]:
-                raise RuntimeError(f"A/B {side['slot']} side failed: {side['error']}")
-        # The same request without any adapter: the base side must be exactly this.
-        plain_body = {k: v for k, v in ab_body.items() if k not in ("seed", "lm_adapter")}
-        plain = _post(
-            url, "/lm", {**plain_body, "caption": ab["caption"], "lm_seed": AB_SEED}, token
-        )
+    if lm_run.base_model != app.lm_folder:  # both from resolve_lm_dir: a bug if they differ
+        raise RuntimeError(f"the LM trained on {lm_run.base_model}, the app serves {app.lm_folder}")
+    url, token = app.open()
+    ab = _post(url, "/audition", ab_body, token)
+    base, tuned = ab["sides"]
+    for side in (base, tuned):
+        if not side["ok"]:
+            raise RuntimeError(f"A/B {side['slot']} side failed: {side['error']}")
+    # The same request without any adapter: the base side must be exactly this.
+    plain_body = {k: v for k, v in ab_body.items() if k not in ("seed", "lm_adapter")}
+    plain = _post(url, "/lm", {**plain_body, "caption": ab["caption"], "lm_seed": AB_SEED}, token)
     report = AbReport(
         preview_id=ab["previewId"],
         preview_url=storage.url_of(layout.preview_dir(ab["previewId"])),
@@ -914,6 +928,7 @@ class _Row:
     artifact: str = ""
     loss: str = ""
     epochs: list[float] = field(default_factory=list)  # a trainer's epoch loop seconds
+    epoch_ends: list[float] = field(default_factory=list)  # unix s each of those epochs ended
 
     def note(self, summary: str, artifact: str = "", loss: str = "") -> None:
         self.summary, self.artifact, self.loss = summary, artifact, loss
@@ -928,10 +943,14 @@ def _stage(job: Job, reports: list[StageReport], name: str, clock: _Clock) -> It
     summary.done = summary.total = summary.failed = 0  # counters are per stage
     job.events.emit(ProgressEvent(done=0, total=0, phase=name, stage=name))
     row = _Row()
-    started = time.perf_counter()
+    started, wall_started = time.perf_counter(), time.time()
     yield row
-    ended = time.perf_counter()
+    ended, wall_ended = time.perf_counter(), time.time()
     use = clock.gpu.use(started, ended)
+    setup_s = finish_s = None
+    if row.epochs and len(row.epoch_ends) == len(row.epochs):
+        setup_s = max(0.0, row.epoch_ends[0] - row.epochs[0] - wall_started)
+        finish_s = max(0.0, wall_ended - row.epoch_ends[-1])
     report = StageReport(
         name,
         ended - started,
@@ -941,6 +960,8 @@ def _stage(job: Job, reports: list[StageReport], name: str, clock: _Clock) -> It
         start_s=started - clock.t0,
         loop_s=sum(row.epochs) if row.epochs else None,
         first_epoch_s=row.epochs[0] if row.epochs else None,
+        setup_s=setup_s,
+        finish_s=finish_s,
         gpu_busy=None if use is None else round(use.busy, 3),
         gpu_mean_util=None if use is None else round(use.mean_util, 1),
         gpu_peak_gib=None if use is None else round(use.peak_mib / 1024, 2),
@@ -950,22 +971,31 @@ def _stage(job: Job, reports: list[StageReport], name: str, clock: _Clock) -> It
     job.events.log(f"{name}: {row.summary} ({report.seconds:.1f} s{busy})")
 
 
-def _side_by_side(stages: tuple[Callable[[], Any], ...], concurrent: bool) -> list[Any]:
-    """Each stage's result, in order; with `concurrent`, the stages run on threads of their own.
-    Every stage runs to its end even when another fails (a finished adapter run is recorded and a
-    rerun reuses it); then the first failure, in stage order, is raised."""
+def _side_by_side(
+    stages: tuple[Callable[[], Any], ...],
+    concurrent: bool,
+    meanwhile: Callable[[], None] | None = None,
+) -> list[Any]:
+    """Each stage's result, in order; with `concurrent`, the stages run on threads of their own
+    while `meanwhile` (which must not raise) runs on this one (Serve's calls stay on the driver's
+    main thread). Every stage runs to its end even when another fails (a finished adapter run is
+    recorded and a rerun reuses it); then the first failure, in stage order, is raised."""
     if not concurrent:
         return [stage() for stage in stages]
     with ThreadPoolExecutor(max_workers=len(stages), thread_name_prefix="stage") as pool:
         futures = [pool.submit(stage) for stage in stages]
+        if meanwhile is not None:
+            meanwhile()
         wait(futures)
     return [future.result() for future in futures]
 
 
-def _epochs_run(run: TrainedAdapter, how: str) -> list[float]:
-    """The loop seconds of the epochs this job ran (none for a reused run, the continued part of
-    an interrupted one)."""
-    return [] if how == "unchanged, reused" else run.epoch_seconds[run.resumed_epochs :]
+def _epochs_run(run: TrainedAdapter, how: str) -> tuple[list[float], list[float]]:
+    """The loop seconds of the epochs this job ran, and when each ended (none for a reused run,
+    the continued part of an interrupted one)."""
+    if how == "unchanged, reused":
+        return [], []
+    return run.epoch_seconds[run.resumed_epochs :], run.epoch_ends
 
 
 def _process_age_s() -> float | None:
@@ -1072,6 +1102,8 @@ def _trained(
         if e.metric == "step" and e.step is not None and e.loss is not None
     ]
     epoch_losses = [float(row["loss"]) for row in train_log.get("epochs", [])]
+    # this job's epoch events (a continued run's earlier epochs were another job's)
+    ends = [e.ts / 1000 for e in metrics if e.metric == "epoch"]
     data = [e.model_extra or {} for e in metrics if e.metric == "data"]
     per_epoch = int(data[-1].get("steps_per_epoch", 0)) if data else 0
     return TrainedAdapter(
@@ -1086,6 +1118,7 @@ def _trained(
         step_losses=points,
         saved_reason=str(train_log.get("saved_reason", "")),
         epoch_seconds=[float(row.get("ms") or 0) / 1000 for row in train_log.get("epochs", [])],
+        epoch_ends=ends,
     )
 
 
@@ -1122,6 +1155,79 @@ def _ab_summary(ab: AbReport) -> str:
 
 
 # -- the audition app -----------------------------------------------------------------------------
+# GB of GPU memory an audition replica holds beside the trainers (decimal GB, the trainers'
+# unit): the planner about twice its LM's weights (KV cache and captured graphs: peak reserved
+# in rows `planner-30s`/`planner-240s`), the decoder its 240 s decode's peak (`decode-fast`).
+PLANNER_WEIGHTS_FACTOR = 2.0
+DECODER_GB = 4.0
+
+
+def _lm_dir(checkpoints: Path, recipe: Recipe) -> Path:
+    """The LM folder the LM stage trains on (and the audition app must serve)."""
+    from hotstep_ray.training import lm_spec
+
+    return lm_spec.resolve_lm_dir(checkpoints, recipe.lm.lm_size, recipe.lm.lm_model)
+
+
+class _AuditionApp:
+    """The main job's audition app on 127.0.0.1: started by `start` (beside the trainers, on
+    Ray) or by the first `open`, stopped with `stack`. A start that fails is kept and raised
+    by `open`, so it never cuts the trainers short."""
+
+    def __init__(
+        self,
+        stack: contextlib.ExitStack,
+        job: Job,
+        checkpoints: Path,
+        data: str,
+        lm_dir: Path,
+        recipe: Recipe,
+    ) -> None:
+        self.stack, self.job, self.checkpoints, self.data = stack, job, checkpoints, data
+        self.lm_dir, self.lm_folder, self.device = lm_dir, lm_dir.name, recipe.device
+        self.address: tuple[str, str] | None = None
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        started = time.perf_counter()
+        try:
+            self.open()
+        except Exception as exc:  # raised again by the audition stage's `open`
+            self.error = exc
+            return
+        self.job.events.log(f"audition app up in {time.perf_counter() - started:.1f} s")
+
+    def open(self) -> tuple[str, str]:
+        if self.error is not None:
+            raise self.error
+        if self.address is None:
+            app = _audition_app(
+                self.checkpoints, self.data, self.lm_folder, self.device, self.lm_dir
+            )
+            self.address = self.stack.enter_context(app)
+            self.job.events.log(f"audition app on {self.address[0]} (bearer token: this run only)")
+        return self.address
+
+
+def _replica_shares(lm_dir: Path) -> dict[str, float]:
+    """`lm_gpus` / `decoder_gpus` of the app's replicas: the share of the smallest card their
+    memory takes where the nodes declare `VRAM_GB` (so they fit beside the trainers' shares), at
+    most the app's defaults; the defaults where no node declares it."""
+    import ray
+
+    from hotstep_ray.distributed.gpu_share import smallest_card_gb
+
+    per_card = smallest_card_gb(ray.nodes())
+    if not per_card:
+        return {}
+    weights_gb = sum(path.stat().st_size for path in lm_dir.glob("*.safetensors")) / 1e9
+    needs = {"lm_gpus": PLANNER_WEIGHTS_FACTOR * weights_gb, "decoder_gpus": DECODER_GB}
+    caps = {"lm_gpus": AUDITION_LM_GPUS, "decoder_gpus": AUDITION_DECODER_GPUS}
+    return {
+        name: min(caps[name], math.ceil(100 * gb / per_card) / 100) for name, gb in needs.items()
+    }
+
+
 def _serve_running() -> bool:
     import ray
 
@@ -1140,7 +1246,7 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def _audition_app(
-    checkpoints: Path, data: str, lm_folder: str, device: str | None
+    checkpoints: Path, data: str, lm_folder: str, device: str | None, lm_dir: Path
 ) -> Iterator[tuple[str, str]]:
     """(base URL, bearer token) of the audition app on a free loopback port; Serve stops after.
     A fresh token per run: the app is never open, even on 127.0.0.1."""
@@ -1161,8 +1267,9 @@ def _audition_app(
         device=device,
         lm=lm_folder,
         enable_dit=False,  # the A/B is the LM's; one replica less to start
-        replica_cpus=0,  # replicas never wait for CPUs held by finishing Ray Train actors
+        replica_cpus=0,  # replicas never wait for CPUs held by the Ray Train actors
         token=token,
+        **_replica_shares(lm_dir),
     )
     port = _free_port()
     with _quiet("ray.serve", logging.WARNING):

@@ -58,6 +58,10 @@ def test_a_tiny_cold_run_reports_its_timeline_and_environment(tmp_path, ray_sess
     for trainer in ("train-dit", "train-lm"):
         row = rows[trainer]
         assert 0 < row["first_epoch_s"] <= row["loop_s"] <= row["seconds"]
+        # set-up, epochs and finish are disjoint parts of the stage (the epoch events' ms stamps
+        # round each end by < 1 ms); the time between epochs (logs, exports) is in none of them
+        assert row["setup_s"] > 0 and row["finish_s"] >= 0
+        assert row["setup_s"] + row["loop_s"] + row["finish_s"] <= row["seconds"] + 0.002
         assert "gpu_busy" in row and "gpu_peak_gib" in row
     totals = cold["totals"]
     assert 0 < totals["job_s"] <= totals["wall_s"] and totals["startup_s"] is None

@@ -155,7 +155,8 @@ def _print_e2e(report: dict[str, Any]) -> None:
 
 def _timeline(run: dict[str, Any]) -> Table:
     """One run's stages: where each began on the job's clock, how long it took, for the trainers
-    the part in their epochs and the first epoch (which holds any compile), and the GPU."""
+    their set-up (before the first epoch), epochs, first epoch (which holds any compile) and
+    finish (after the last epoch), and the GPU."""
     totals = run["totals"]
     startup = totals["startup_s"]
     title = f"{run['run']} run: job {_s(totals['job_s'])}, wall {_s(totals['wall_s'])}"
@@ -165,7 +166,8 @@ def _timeline(run: dict[str, Any]) -> Table:
         title += f", start-up {_s(startup)}"
     table = Table(title=title, caption=run["reuses"], caption_justify="left")
     table.add_column("stage")
-    for column in ("start", "seconds", "loop", "first epoch", "GPU busy", "GPU peak"):
+    columns = ("start", "seconds", "set-up", "loop", "first epoch", "finish", "GPU busy")
+    for column in (*columns, "GPU peak"):
         table.add_column(column, justify="right")
     for stage in run["stages"]:
         skipped = str(stage.get("summary", "")).startswith("skipped")
@@ -173,8 +175,10 @@ def _timeline(run: dict[str, Any]) -> Table:
             stage["name"],
             _s(stage["start_s"]),
             "skipped" if skipped else _s(stage["seconds"]),
+            _s(stage.get("setup_s")),
             _s(stage.get("loop_s")),
             _s(stage.get("first_epoch_s")),
+            _s(stage.get("finish_s")),
             "-" if stage.get("gpu_busy") is None else f"{stage['gpu_busy']:.0%}",
             "-" if stage.get("gpu_peak_gib") is None else f"{stage['gpu_peak_gib']:.1f} GiB",
         )
@@ -184,6 +188,8 @@ def _timeline(run: dict[str, Any]) -> Table:
         "total",
         "",
         _s(totals["job_s"]),
+        "",
+        "",
         "",
         "",
         "",

@@ -198,15 +198,15 @@ def _print_dataset(detail) -> None:
 
 
 def _print_stages(result) -> None:
-    """The run's timeline: each stage's wall time, for the trainers the part spent in their epochs
-    (the rest is start-up, loading and export; the first epoch holds any compile), and how busy
-    the GPU was (where there is one)."""
+    """The run's timeline: each stage's wall time, for the trainers its split into set-up (worker
+    start, loading), epochs (the first one holds any compile) and finish (final export), and how
+    busy the GPU was (where there is one)."""
     startup = "" if result.startup_s is None else f", {result.startup_s:.1f} s start-up before it"
     table = Table(title=f"main job {result.job_id}: {result.seconds:.0f} s{startup}")
     gpu = any(stage.gpu_busy is not None for stage in result.stages)
     table.add_column("stage")
     table.add_column("time", justify="right")
-    table.add_column("epochs (first)", justify="right")
+    table.add_column("set-up + epochs (first) + finish", justify="right")
     if gpu:
         table.add_column("GPU busy", justify="right")
     table.add_column("what happened", overflow="fold")
@@ -215,6 +215,8 @@ def _print_stages(result) -> None:
         loop = ""
         if stage.loop_s is not None:
             loop = f"{stage.loop_s:.1f} s ({stage.first_epoch_s:.1f} s)"
+        if stage.setup_s is not None and stage.finish_s is not None:
+            loop = f"{stage.setup_s:.1f} + {loop} + {stage.finish_s:.1f} s"
         busy = [] if not gpu else ["" if stage.gpu_busy is None else f"{stage.gpu_busy:.0%}"]
         cells = [stage.name, f"{stage.seconds:.1f} s", loop, *busy, escape(stage.summary)]
         table.add_row(*cells, stage.loss)

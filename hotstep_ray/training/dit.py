@@ -165,7 +165,9 @@ def setup(
         raise InputError("variant_key is required: the tensor-cache variant to train on")
     dtype = torch.bfloat16 if dit_setup.pick_device(settings).type == "cuda" else torch.float32
     cache_key = layout.tensor_dir(dataset, options.variant_key)
+    started = time.perf_counter()
     cache = dit_data.load_cache(storage, cache_key)
+    cached = time.perf_counter()
     held = None
     if options.holdout_fraction:  # songs kept out of training for a per-epoch held-out loss
         cache, held, split = holdout.split_cache(cache, options.holdout_fraction, options.seed)
@@ -174,8 +176,15 @@ def setup(
     )
     # Loaded on the CPU: `prepare` moves only the transformer (and the null condition) over.
     models = load_acestep_dit(folder, device="cpu", dtype=dtype, window_rule=settings.window_rule)
+    loaded = time.perf_counter()
     run = prepare(options, storage, dataset, cache, models, str(folder), settings, events)
     run.cache_key = cache_key
+    _log(
+        run,
+        f"set up in {time.perf_counter() - started:.1f} s: tensor cache {cached - started:.1f} s, "
+        f"DiT read {loaded - cached:.1f} s, onto {run.device} with adapter and optimizer "
+        f"{time.perf_counter() - loaded:.1f} s",
+    )
     if settings.resume:
         restore(run, storage, settings.resume)
     if held is not None:

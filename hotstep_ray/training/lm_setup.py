@@ -24,6 +24,7 @@ bf16 weights with fp32 adapter masters under autocast on CUDA; float32 on CPU.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -292,6 +293,7 @@ def setup_lm(
     names it), or whose driver logged the line already (Ray), pass False."""
     from hotstep_ray.models.text_models import load_lm
 
+    started = time.perf_counter()
     engine = spec.engine
     device = device or _device(engine)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -306,6 +308,7 @@ def setup_lm(
     adapter_spec = AdapterSpec.from_options(options)
     tokenizer = load_tokenizer(spec.lm_dir)
     model = load_lm(spec.lm_dir, device=device, dtype=dtype)
+    loaded = time.perf_counter()
     base = layout.lm_adapter_base(size)
     run_key = spec.run_key or layout.new_run_dir(storage, base, spec.artist)
 
@@ -413,6 +416,10 @@ def setup_lm(
         setup.log(start.line)
     if eager_note:
         setup.log(eager_note)
+    setup.log(
+        f"set up in {time.perf_counter() - started:.1f} s: LM and tokenizer read onto {device} "
+        f"{loaded - started:.1f} s, data and adapter {time.perf_counter() - loaded:.1f} s"
+    )
     _announce(setup, optimizer.split_summary())
     return setup
 

@@ -35,6 +35,7 @@ import hashlib
 import json
 import math
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -186,6 +187,7 @@ def train_dit_on_ray(
             "job_id": job_id,
             "fail_at_step": fail_at_step,
             "max_steps": max_steps,
+            "submitted_at": time.time(),  # the worker says how long it took to come up
         },
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(
@@ -289,6 +291,9 @@ def _worker(config: dict[str, Any]) -> None:
     )
     if rank == 0 and events_key:
         events = EventLog(jsonl_sink(storage, events_key))
+    if events is not None and first_attempt and config.get("submitted_at"):
+        waited = time.time() - config["submitted_at"]
+        events.log(f"Ray Train worker up {waited:.1f} s after the job was submitted")
     options = TrainDitOptions.model_validate(config["options"])
     run = dit.setup(options, storage, config["dataset"], settings, events)
     if checkpoint is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import math
 import tempfile
+import time
 from typing import Any
 
 import torch
@@ -51,6 +52,9 @@ def _train_loop(config: dict[str, Any]) -> None:
     events = None
     if spec.events_key and rank == 0:
         events = EventLog(jsonl_sink(storage, spec.events_key))
+        if config.get("submitted_at") and ray.train.get_checkpoint() is None:
+            waited = time.time() - config["submitted_at"]
+            events.log(f"Ray Train worker up {waited:.1f} s after the job was submitted")
     device = ray.train.torch.get_device() if config["use_gpu"] else torch.device("cpu")
     # the driver logged the warm start already (`run_lm_on_ray`)
     setup = lm_setup.setup_lm(
@@ -175,6 +179,7 @@ def run_lm_on_ray(
             "use_gpu": use_gpu,
             "fail_after_epoch": fail_after_epoch,
             "resume": resume,
+            "submitted_at": time.time(),  # the worker says how long it took to come up
         },
         scaling_config=ScalingConfig(
             num_workers=num_workers, use_gpu=use_gpu, resources_per_worker=resources
