@@ -413,6 +413,8 @@ def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> Ma
                 # On Ray the app's replicas load the base LM and the decoder (and capture their
                 # graphs) while the adapters train; the A/B then only asks.
                 early = app.start if app is not None and config.ray_train else None
+                if early is not None:
+                    _import_for_threads()
                 dit_run, lm_run = _side_by_side(stages, config.ray_train, meanwhile=early)
                 if app is not None:
                     with _stage(job, reports, "audition", clock) as row:
@@ -1160,6 +1162,34 @@ def _ab_summary(ab: AbReport) -> str:
 # in rows `planner-30s`/`planner-240s`), the decoder its 240 s decode's peak (`decode-fast`).
 PLANNER_WEIGHTS_FACTOR = 2.0
 DECODER_GB = 4.0
+
+
+# The modules the trainer stages and the audition app's start import on their threads.
+THREAD_IMPORTS = (
+    "ray.serve",
+    "ray.train.torch",
+    "hotstep_ray.training.dit",
+    "hotstep_ray.training.dit_state",
+    "hotstep_ray.training.ray_dit",
+    "hotstep_ray.training.lm",
+    "hotstep_ray.training.lm_save",
+    "hotstep_ray.training.lm_spec",
+    "hotstep_ray.training.ray_lm",
+)
+
+
+def _import_for_threads() -> None:
+    """Import on this thread what the trainer threads and the audition app would import for the
+    first time at once: a package imported from two threads together can be seen half made by
+    one of them (diffusers' lazy modules then fail with "partially initialized module")."""
+    import importlib
+
+    from hotstep_ray.audition.serve_module import audition_app_module
+
+    for name in THREAD_IMPORTS:
+        importlib.import_module(name)
+    with contextlib.suppress(InputError):  # no serve_apps: the app's start says so
+        audition_app_module()
 
 
 def _lm_dir(checkpoints: Path, recipe: Recipe) -> Path:
