@@ -44,6 +44,10 @@ VRAM_RESOURCE = "VRAM_GB"
 BYTES_PER_MIB = 1024 * 1024
 BYTES_PER_GB = 1e9  # the trainers' unit (hotstep_ray/training/dit_vram.py: GB = 1e9)
 RESERVED_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+# Seconds between Ray Train's polls of its workers, for the controllers this node hosts; each
+# run's start, report and end wait for a poll (2 s by Ray's default). The same value as a local
+# Ray gets (hotstep_ray/distributed/runtime.py); one given in the environment is kept.
+TRAIN_POLL_VAR, TRAIN_POLL_S = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5"
 
 
 class NodeError(Exception):
@@ -219,6 +223,8 @@ def plan(args: argparse.Namespace, extra: list[str], env: dict[str, str], home: 
     notes: list[str] = []
     if args.head and cards and not args.head_gpus:
         notes.append(f"head: {len(cards)} GPU(s) left out of Ray (--head-gpus to use them)")
+    if TRAIN_POLL_VAR not in env:
+        added[TRAIN_POLL_VAR] = TRAIN_POLL_S
     mode = env.get("RAY_AUTH_MODE", "").strip().lower()
     generate = False
     if mode == "disabled":

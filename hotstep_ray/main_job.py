@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hotstep_ray.audio.example_songs import write_example_songs
 from hotstep_ray.core import layout
@@ -59,6 +59,7 @@ from hotstep_ray.core.contracts import (
     JOB_PHASES,
     BuildOptions,
     CaptionProviderChoice,
+    CheckpointCadence,
     CreateDatasetInput,
     DatasetDetail,
     JobKind,
@@ -88,12 +89,13 @@ from hotstep_ray.distributed.map import RayMap
 from hotstep_ray.distributed.runtime import ensure_ray
 from hotstep_ray.labeling.job import LabelReport
 from hotstep_ray.labeling.ray_pool import label_dataset_on_ray
-from hotstep_ray.preprocess.finalize import PreprocessResult
 from hotstep_ray.preprocess.plan import META_FILE
-from hotstep_ray.preprocess.ray_pipeline import RayPipelineConfig
 from hotstep_ray.report_plot import Series, loss_plot
-from hotstep_ray.training.checkpoint import MANIFEST
-from hotstep_ray.training.lm_spec import LmEngine, present_lm_size
+
+if TYPE_CHECKING:  # torch-side: imported where a stage needs them, so the job starts light
+    from hotstep_ray.preprocess.finalize import PreprocessResult
+    from hotstep_ray.preprocess.ray_pipeline import RayPipelineConfig
+    from hotstep_ray.training.lm_spec import LmEngine
 
 EXAMPLE_SONGS_KEY = "examples/songs"
 EXAMPLE_DATASET_NAME = "examples"
@@ -159,6 +161,9 @@ def tiny_recipe(epochs: int | None = None) -> Recipe:
     start from scratch each run (no warm start) so every run's loss curve is comparable, and the
     sizes and learning rates are ones that make the loss fall visibly within a few epochs.
     Everything runs on the CPU, GPU or not, so the demo behaves the same on every machine."""
+    from hotstep_ray.preprocess.ray_pipeline import RayPipelineConfig
+    from hotstep_ray.training.lm_spec import LmEngine
+
     return Recipe(
         preprocess=PreprocessOptions(max_duration_s=TINY_SECONDS),
         # Two encoder actors, one per core of a 2-core box, with decode/write tasks beside them;
@@ -202,6 +207,7 @@ def tiny_recipe(epochs: int | None = None) -> Recipe:
             target_loss=0,
             milestone_step=0,
             init_adapter="",
+            checkpoint_every_s=0,
         ),
         lm_engine=LmEngine(device="cpu", log_every=1),
         use_gpu=False,
@@ -216,6 +222,9 @@ def tiny_recipe(epochs: int | None = None) -> Recipe:
 
 def real_recipe(lm_size: str, epochs: int | None = None) -> Recipe:
     """Real weights: the contract defaults for every stage, `epochs` aside."""
+    from hotstep_ray.preprocess.ray_pipeline import RayPipelineConfig
+    from hotstep_ray.training.lm_spec import LmEngine
+
     given = {"epochs": epochs} if epochs else {}
     return Recipe(
         preprocess=PreprocessOptions(),
@@ -225,7 +234,7 @@ def real_recipe(lm_size: str, epochs: int | None = None) -> Recipe:
         # a checkpoint a minute bounds what a crash can lose.
         dit=TrainDitOptions(checkpoint_every_s=60, **given),
         dit_step_event_s=1.0,
-        lm=TrainLmOptions(lm_size=lm_size, **given),  # type: ignore[arg-type]
+        lm=TrainLmOptions(lm_size=lm_size, checkpoint_every_s=60, **given),  # type: ignore[arg-type]
         lm_engine=LmEngine(),
         use_gpu=None,
         max_failures=2,
@@ -367,9 +376,11 @@ def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> Ma
     plot_url = ""
     with GpuSampler() as gpu, Job(storage, "build", sinks=sinks) as job:
         clock = _Clock(started, gpu)
+        preload = _Preload()
         with _stage(job, reports, "dataset", clock) as row:
             songs, detail = dataset_stage(job, storage, config)
             row.note(f"{len(detail.samples)} songs, dataset {detail.slug!r}", songs.url)
+            preload.join()  # counted here: what imports outlast of Ray's start is still waited
         job.summary.dataset_id = detail.id
         with _stage(job, reports, "label", clock) as row:
             label_report, detail = label_stage(job, storage, detail)
@@ -458,7 +469,7 @@ def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> Ma
 
 
 # Options that say how often a run checkpoints: they do not change its adapter.
-CADENCE_FIELDS = {"checkpoint_every_s", "checkpoint_every_epochs"}
+CADENCE_FIELDS = set(CheckpointCadence.model_fields)
 
 
 class RunRecord:
@@ -621,6 +632,8 @@ def checkpoints_stage(
                 f"{folder} lacks what the main job needs ({lacking}); "
                 f"see `hotstep-ray doctor --checkpoints {folder}`"
             )
+        from hotstep_ray.training.lm_spec import present_lm_size
+
         # the contract's LM, else the largest one there (train-lm's rule)
         size = present_lm_size(folder, TrainLmOptions().lm_size)
         job.events.log(f"real weights in {folder}; LM {size}")
@@ -787,6 +800,7 @@ def train_lm_stage(
     or new, as the DiT's). The trigger is each song's tag as preprocessed (the dataset's
     `custom_tag`)."""
     from hotstep_ray.training import lm, lm_save, lm_spec
+    from hotstep_ray.training.checkpoint import MANIFEST
 
     # Only the recipe's explicitly set fields (plus these two) count as given: with a warm start
     # (`init_adapter`), the rest is adopted from the earlier run.
@@ -1176,6 +1190,39 @@ THREAD_IMPORTS = (
     "hotstep_ray.training.lm_spec",
     "hotstep_ray.training.ray_lm",
 )
+
+
+# The torch-side modules of the stages after the dataset's (preprocessing, the checkpoints check,
+# the trainers' drivers): seconds of imports (torch, transformers, peft, diffusers) that the
+# dataset stage does not need, so a thread of their own imports them while that stage waits on
+# Ray's start. None of them imports Ray, and nothing else imports them until the thread is joined:
+# two threads importing one package together can see it half made (`_import_for_threads`).
+PRELOAD = (
+    "hotstep_ray.preprocess.ray_pipeline",
+    "hotstep_ray.preprocess.finalize",
+    *(name for name in THREAD_IMPORTS if name.startswith("hotstep_ray.")),
+)
+
+
+class _Preload:
+    """`PRELOAD` imported on a daemon thread; `join` before the first stage that needs them."""
+
+    def __init__(self) -> None:
+        self.thread = threading.Thread(target=self._run, name="preload", daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def _run() -> None:
+        import importlib
+
+        for name in PRELOAD:
+            try:
+                importlib.import_module(name)
+            except Exception:  # the stage that needs it imports it again and says why
+                return
+
+    def join(self) -> None:
+        self.thread.join()
 
 
 def _import_for_threads() -> None:

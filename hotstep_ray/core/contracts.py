@@ -284,7 +284,26 @@ class PreprocessOptions(Options):
 
 
 # -- training ------------------------------------------------------------------------------------
-class TrainLmOptions(Options):
+class CheckpointCadence(Options):
+    """How often a trainer writes its resumable checkpoint (what a killed run continues from), at
+    epoch ends: after the first epoch, then whenever `checkpoint_every_s` seconds (wall clock)
+    have passed since the last one (0 = every epoch), every `checkpoint_every_epochs` epochs
+    (0 = off), and at the end. An adapter, its optimizer moments and the kept best take a
+    second or more to write at real size, so every epoch would cost more than it saves. The
+    cadence does not change the adapter: a resumed run takes the one given now."""
+
+    checkpoint_every_s: float = Field(
+        default=300.0,
+        ge=0,
+        le=86400,
+        description="Seconds between resumable checkpoints, at epoch ends (0 = every epoch).",
+    )
+    checkpoint_every_epochs: int = Field(
+        default=0, ge=0, le=2000, description="Also a checkpoint every N epochs (0 = off)."
+    )
+
+
+class TrainLmOptions(CheckpointCadence):
     """5 Hz LM adapter training. Defaults: HOT-Step route values."""
 
     # Route default 4B (the types comment says 0.6B; the route is what a bare request gets).
@@ -354,7 +373,7 @@ AUDITION_LM_GPUS = 0.5  # the planner LM
 AUDITION_DIT_GPUS = 0.5  # DiT text2music (DiT, VAE, text encoder)
 
 
-class TrainDitOptions(Options):
+class TrainDitOptions(CheckpointCadence):
     """DiT adapter training. Defaults: HOT-Step route values; `None` means "by adapter type"
     (LoKR and LoRA want different learning rates, weight decay and loss weighting)."""
 
@@ -406,18 +425,6 @@ class TrainDitOptions(Options):
     stages: list[TrainDitStage] = Field(default_factory=lambda: ["train", "export"])
     overwrite: bool = False  # train from scratch into an existing run folder (`run_key`)
     init_adapter: str = "latest"
-    # Resumable checkpoints (what a killed run continues from) are written at epoch ends: after
-    # the first epoch, then whenever `checkpoint_every_s` seconds (wall clock) have passed since
-    # the last one (0 = every epoch), and every `checkpoint_every_epochs` epochs (0 = off).
-    checkpoint_every_s: float = Field(
-        default=300.0,
-        ge=0,
-        le=86400,
-        description="Seconds between resumable checkpoints, at epoch ends (0 = every epoch).",
-    )
-    checkpoint_every_epochs: int = Field(
-        default=0, ge=0, le=2000, description="Also a checkpoint every N epochs (0 = off)."
-    )
     calibrate: bool = False
     calibrate_repoint: bool = True
     holdout_fraction: float = Field(default=0.0, ge=0, lt=1)  # as TrainLmOptions; 0 = off

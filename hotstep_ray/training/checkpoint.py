@@ -144,6 +144,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
+# -- when ----------------------------------------------------------------------------------------
+def due(epoch: int, last_saved: float, every_s: float, every_epochs: int, now: float) -> bool:
+    """Whether the checkpoint at the end of `epoch` is due (`contracts.CheckpointCadence`):
+    `every_s` seconds since `last_saved` (unix s; 0 = none yet, so the first epoch's is due), or
+    every `every_epochs` epochs. The run's last epoch is the caller's to force."""
+    return bool(every_epochs and epoch % every_epochs == 0) or now - last_saved >= every_s
+
+
 # -- save / load ---------------------------------------------------------------------------------
 def _join(key: str, name: str) -> str:
     return f"{key.rstrip('/')}/{name}" if key else name

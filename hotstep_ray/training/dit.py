@@ -52,6 +52,7 @@ from hotstep_ray.models.acestep_dit import AceStepModels, load_acestep_dit
 from hotstep_ray.models.acestep_ops import TrainBatch
 from hotstep_ray.training import (
     adapters,
+    checkpoint,
     compiling,
     dit_data,
     dit_events,
@@ -499,12 +500,9 @@ def end_epoch(run: DitRun) -> None:
             save(run, chosen)
     if decision.stop:
         state.stop_reason = decision.reason or "epochs"
-    every_epochs = options.checkpoint_every_epochs
-    due = (
-        _steps_due(run)
-        or bool(every_epochs and state.epoch % every_epochs == 0)
-        or time.time() - state.last_checkpoint
-        >= dit_setup.checkpoint_interval_s(options, run.settings)
+    every_s = dit_setup.checkpoint_interval_s(options, run.settings)
+    due = _steps_due(run) or checkpoint.due(
+        state.epoch, state.last_checkpoint, every_s, options.checkpoint_every_epochs, time.time()
     )
     state.next_epoch()
     if dit_state.any_rank(bool(state.stop_reason) or due, world_size, run.device):

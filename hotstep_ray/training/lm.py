@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from hotstep_ray.core import layout
-from hotstep_ray.core.contracts import TrainLmOptions
+from hotstep_ray.core.contracts import CheckpointCadence, TrainLmOptions
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog
 from hotstep_ray.core.storage import Storage
@@ -206,6 +206,24 @@ def _milestone(setup: LmSetup, state: LmTrainState, epoch: int, loss: float) -> 
 EpochHook = Callable[[LmSetup, LmTrainState], None]
 
 
+def checkpoint_cadence(options: TrainLmOptions) -> Callable[[LmTrainState], bool]:
+    """The epoch-end rule of `contracts.CheckpointCadence` for one run: the returned function says
+    whether the checkpoint of the epoch `state` just ended is due (the finished one's always),
+    counting the seconds from the last one it said was."""
+    last = 0.0
+
+    def due(state: LmTrainState) -> bool:
+        nonlocal last
+        now = time.time()
+        every_s, every_epochs = options.checkpoint_every_s, options.checkpoint_every_epochs
+        if state.finished or checkpoint.due(state.epoch, last, every_s, every_epochs, now):
+            last = now
+            return True
+        return False
+
+    return due
+
+
 def train_lm(
     setup: LmSetup,
     state: LmTrainState | None = None,
@@ -302,7 +320,7 @@ def options_from_checkpoint(
         )
     config = checkpoint.read_manifest(storage, key)["config"]
     saved = config.get("options") or {}
-    keep = {"stages", "calibrate", "calibrate_repoint"}
+    keep = {"stages", "calibrate", "calibrate_repoint", *CheckpointCadence.model_fields}
     merged = {k: v for k, v in saved.items() if k not in keep}
     merged.update({k: getattr(spec.options, k) for k in keep}, init_adapter="")
     options = TrainLmOptions(**merged)
@@ -348,11 +366,11 @@ def _train_and_save(
     ckpt_key = checkpoint_key(setup.run_key)
     state = load_state(setup, storage, ckpt_key) if from_checkpoint else None
     if "train" in stages:
-        every = spec.engine.checkpoint_every
+        due = checkpoint_cadence(spec.options)
 
         def keep(setup: LmSetup, state: LmTrainState) -> None:
-            due = every and (state.epoch % every == 0 or state.epoch == stop_after_epoch)
-            if due or state.finished:  # the finished state is what a later export reads
+            # the finished state is what a later export reads
+            if due(state) or state.epoch == stop_after_epoch:
                 save_state(setup, state, storage, ckpt_key)
 
         state = train_lm(setup, state, stop_after_epoch=stop_after_epoch, on_epoch=keep)

@@ -69,7 +69,6 @@ class LmEngine(BaseModel):
     activation_budget: float = Field(default=LM_ACTIVATION_BUDGET_DEFAULT, gt=0, le=1)
     vram_budget_gib: float = Field(default=0.0, ge=0)  # 0 = free GPU memory - reserve
     vram_reserve_gib: float = Field(default=1.5, ge=0)
-    checkpoint_every: int = Field(default=1, ge=0)  # epochs between resumable checkpoints
     log_every: int = Field(default=10, ge=1)  # optimizer steps between step events
     cot_caption: bool = True  # the CoT repeats the caption (HOT-Step); False = metas only
 

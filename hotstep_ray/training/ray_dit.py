@@ -49,7 +49,7 @@ from hotstep_ray.core.events import EventLog, jsonl_sink
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.distributed.gpu_share import VRAM_RESOURCE, gpu_worker_resources
 from hotstep_ray.distributed.ray_results import checkpoint_folder, results_location
-from hotstep_ray.distributed.runtime import die_after_checkpoint
+from hotstep_ray.distributed.runtime import die_after_checkpoint, worker_up_line
 from hotstep_ray.training import adapters, dit, dit_data, dit_setup, dit_state, dit_vram
 
 WORKERS_DIR = "workers"
@@ -292,8 +292,7 @@ def _worker(config: dict[str, Any]) -> None:
     if rank == 0 and events_key:
         events = EventLog(jsonl_sink(storage, events_key))
     if events is not None and first_attempt and config.get("submitted_at"):
-        waited = time.time() - config["submitted_at"]
-        events.log(f"Ray Train worker up {waited:.1f} s after the job was submitted")
+        events.log(worker_up_line(config["submitted_at"]))
     options = TrainDitOptions.model_validate(config["options"])
     run = dit.setup(options, storage, config["dataset"], settings, events)
     if checkpoint is not None:

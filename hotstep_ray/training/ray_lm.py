@@ -1,14 +1,14 @@
 """LM adapter training as a Ray Train job: the same setup -> train -> save in every worker.
 
 Driver: size the job from the memory plan (`lm_setup.memory_plan`: every layer checkpointed, the
-largest micro-batch), pick the run folder, start a `TorchTrainer` whose workers ask for the GPU memory the plan needs
-(`distributed.gpu_share`: a share of one card for a one-worker job, whole GPUs for several; CPU
-workers when there is no GPU), `FailureConfig(max_failures)`.
+largest micro-batch), pick the run folder, start a `TorchTrainer` whose workers ask for the GPU
+memory the plan needs (`distributed.gpu_share`: a share of one card for a one-worker job, whole
+GPUs for several; CPU workers when there is no GPU), `FailureConfig(max_failures)`.
 Worker: `setup_lm` on its device (DDP over the loss module when there are several workers; each
 rank takes every world-th micro-batch group), resume from `ray.train.get_checkpoint()` when Ray
-restarted it (else, with `resume`, from the run folder's `<run>/checkpoint/`), report each epoch's metrics (and every `checkpoint_every` epochs a checkpoint) with
-`ray.train.report`; rank 0 exports the adapter and writes `lm_train_log.json` into the run folder
-of the storage root, and appends the run's events to `spec.events_key` when given.
+restarted it (else, with `resume`, from the run folder's `<run>/checkpoint/`), report a
+checkpoint with `ray.train.report` at the options' cadence (`contracts.CheckpointCadence`); rank 0 exports the adapter and writes `lm_train_log.json` into
+the run folder of the storage root, and appends the run's events to `spec.events_key` when given.
 Stages: `extract` runs in the driver before the job is sized; without `train` nothing needs a
 worker, so the stages run in the driver (`lm.run_lm_training`); `train` without `export` leaves
 the final state in `<run>/checkpoint/` for a later export. `calibrate` is composed above:
@@ -31,6 +31,7 @@ from hotstep_ray.core.events import EventLog, jsonl_sink
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.distributed.gpu_share import GB, gpu_worker_resources
 from hotstep_ray.distributed.ray_results import checkpoint_folder, results_location
+from hotstep_ray.distributed.runtime import worker_up_line
 from hotstep_ray.training import lm, lm_save, lm_setup, lm_spec, lm_start
 from hotstep_ray.training.lm_vram import GIB
 
@@ -38,6 +39,17 @@ from hotstep_ray.training.lm_vram import GIB
 def worker_need_gb(estimate_bytes: int, reserve_gib: float) -> float:
     """Decimal GB (the `VRAM_GB` resource's unit) one worker's memory plan needs, reserve included."""
     return float(math.ceil((estimate_bytes + reserve_gib * GIB) / GB))
+
+
+def _rank0_says(setup: lm_setup.LmSetup, flag: bool) -> bool:
+    """Rank 0's `flag`, on every rank."""
+    if setup.world == 1:
+        return flag
+    import torch.distributed as dist
+
+    value = torch.tensor([float(flag)], device=setup.device)
+    dist.broadcast(value, src=0)
+    return bool(value.item())
 
 
 def _train_loop(config: dict[str, Any]) -> None:
@@ -53,8 +65,7 @@ def _train_loop(config: dict[str, Any]) -> None:
     if spec.events_key and rank == 0:
         events = EventLog(jsonl_sink(storage, spec.events_key))
         if config.get("submitted_at") and ray.train.get_checkpoint() is None:
-            waited = time.time() - config["submitted_at"]
-            events.log(f"Ray Train worker up {waited:.1f} s after the job was submitted")
+            events.log(worker_up_line(config["submitted_at"]))
     device = ray.train.torch.get_device() if config["use_gpu"] else torch.device("cpu")
     # the driver logged the warm start already (`run_lm_on_ray`)
     setup = lm_setup.setup_lm(
@@ -74,13 +85,17 @@ def _train_loop(config: dict[str, Any]) -> None:
     fail_after = int(config.get("fail_after_epoch", 0))
     if restored is not None or storage.exists(marker):
         fail_after = 0
-    every = spec.engine.checkpoint_every
+    due = lm.checkpoint_cadence(spec.options)
 
     def report(setup: lm_setup.LmSetup, state: lm_save.LmTrainState) -> None:
+        # Only checkpoints are reported: each report waits for the controller's next poll of its
+        # workers (`RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`), and the epoch's metrics are in the run's
+        # events already. Every rank reports together (a collective), so rank 0's clock decides.
+        if not _rank0_says(setup, due(state)):
+            return
         row = state.history[-1]
         metrics = {"epoch": state.epoch, "step": state.step, "loss": row["loss"]}
-        due = every and (state.epoch % every == 0 or state.finished)
-        if due and rank == 0:
+        if rank == 0:
             with tempfile.TemporaryDirectory() as folder:
                 lm_save.save_state(setup, state, Storage(folder), "")
                 checkpoint = ray.train.Checkpoint.from_directory(folder)

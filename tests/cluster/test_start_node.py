@@ -33,7 +33,11 @@ def _run(tmp_path: Path, *args: str, env: dict[str, str] | None = None, token: b
     (home / ".ray").mkdir(parents=True, exist_ok=True)
     if token:
         (home / ".ray" / "auth_token").write_text("s3cr3t-token")
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "CUDA_VIS"))}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RAY_AUTH", "RAY_TRAIN", "CUDA_VIS"))
+    }
     full = {**base, "HOME": str(home), "PATH": f"{tmp_path}:{os.environ['PATH']}", **(env or {})}
     return subprocess.run(
         [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=full, timeout=60
@@ -93,14 +97,15 @@ def test_token_auth_is_required_and_found_where_ray_looks(tmp_path):
     missing = _run(tmp_path, "--address", "h:6379", token=False)
     assert missing.returncode == 2 and "no Ray auth token" in missing.stderr
     plan = _plan(tmp_path, "--address", "h:6379", token=False, env={"RAY_AUTH_TOKEN": "x"})
-    assert plan["env"] == {"RAY_AUTH_MODE": "token"}
+    assert plan["env"] == {"RAY_AUTH_MODE": "token", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
     assert plan["notes"] == ["auth token: RAY_AUTH_TOKEN"]
     empty = tmp_path / "empty"
     empty.write_text("")
     bad_path = _run(tmp_path, "--address", "h:6379", env={"RAY_AUTH_TOKEN_PATH": str(empty)})
     assert bad_path.returncode == 2 and "missing or empty" in bad_path.stderr
     off = _plan(tmp_path, "--address", "h:6379", token=False, env={"RAY_AUTH_MODE": "disabled"})
-    assert off["env"] == {} and "anyone who reaches" in off["notes"][0]
+    assert off["env"] == {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
+    assert "anyone who reaches" in off["notes"][0]
     assert "s3cr3t" not in _run(tmp_path, "--head", "--dry-run").stdout  # never printed
 
 
@@ -125,3 +130,12 @@ def test_execs_ray_start_with_token_mode_and_generates_the_token(tmp_path):
     seen = record.read_text().splitlines()
     resources = '--resources={"VRAM_GB": 48}'
     assert seen == ["start", "--address=h:6379", "--num-gpus=1", resources, "mode=token"]
+
+
+def test_ray_trains_poll_interval_is_set_unless_given(tmp_path):
+    """Each Ray Train report waits for the controller's next poll: 0.5 s rather than Ray's 2 s,
+    and an interval the operator set is theirs."""
+    _nvidia_smi(tmp_path)
+    given = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "3"}
+    plan = _plan(tmp_path, "--address", "h:6379", env=given)
+    assert "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S" not in plan["env"]

@@ -131,3 +131,26 @@ def test_tree_round_trip_keeps_types():
     assert np.array_equal(decoded["rng"][1], tree["rng"][1]) and decoded["rng"][0] == "MT19937"
     with pytest.raises(TypeError, match="no pickle"):
         checkpoint.encode_tree({"f": object()}, {})
+
+
+def test_the_lm_checkpoints_on_the_cadence_not_every_epoch():
+    """`contracts.CheckpointCadence`: the first epoch, then each `checkpoint_every_epochs`, then
+    the finished one; the 300 s clock cannot run out inside this test's few microseconds."""
+    from hotstep_ray.core.contracts import TrainLmOptions
+    from hotstep_ray.training import lm
+
+    due = lm.checkpoint_cadence(TrainLmOptions(checkpoint_every_s=300, checkpoint_every_epochs=3))
+    state = lm.LmTrainState.__new__(lm.LmTrainState)
+    asked = []
+    for epoch in range(1, 8):
+        state.epoch, state.stop_reason = epoch, "epochs" if epoch == 7 else ""
+        asked.append(due(state))
+    assert asked == [True, False, True, False, False, True, True]
+    every = lm.checkpoint_cadence(TrainLmOptions(checkpoint_every_s=0))
+    assert all(every(state) for _ in range(3))  # 0 s: every epoch
+
+
+def test_checkpoint_due_counts_seconds_from_the_last_one():
+    assert checkpoint.due(5, last_saved=100.0, every_s=60, every_epochs=0, now=160.0)
+    assert not checkpoint.due(5, last_saved=100.0, every_s=60, every_epochs=0, now=159.9)
+    assert checkpoint.due(1, last_saved=0.0, every_s=86400, every_epochs=0, now=1.7e9)  # first

@@ -19,12 +19,16 @@ def test_resume_keeps_the_checkpoints_options_and_names_each_one_ignored(tiny):
     assert not first.finished
     seen: list[str] = []
     events = EventLog(lambda e: seen.append(e.message) if isinstance(e, LogEvent) else None)
-    again = make_spec(folder, run, epochs=10, learning_rate=0.5, loss_on_cot=True)
+    # the checkpoint cadence is not the run's to keep: the one given now applies, unnamed
+    again = make_spec(
+        folder, run, epochs=10, learning_rate=0.5, loss_on_cot=True, checkpoint_every_s=0
+    )
     again = again.model_copy(update={"trigger": "other"})
     result = lm.run_lm_training(again, storage, events=events, resume=True)
     assert result.finished and result.log["epochs_run"] == 3
     config = result.log["config"]
     assert (config["epochs"], config["learning_rate"], config["trigger"]) == (3, 0.01, "zq")
+    assert config["checkpoint_every_s"] == 0
     assert [m for m in seen if "ignored" in m] == [
         "--epochs 10 ignored: the run continues with its own 3",
         "--lr 0.5 ignored: the run continues with its own 0.01",
