@@ -9,10 +9,12 @@ decided (the user's, else what fits the GPU with every layer checkpointed, else 
 songs rendered in the trained layout (over-length ones skipped) and planned into micro-batches
 (`lm_data`).
 
-Compile (`LmEngine.compile`, `compile_mode`): auto | off | default | reduce-overhead; auto is default
-on CUDA and off on the CPU, where compiling is refused. Each decoder layer is compiled on its own with
-static shapes (`lm_loss.compile_layers`); rows are then padded to 64-token widths (`row_multiple`)
-so a run has few shapes, and the held-out loss runs the layers eagerly.
+Compile (`LmEngine.compile`, `compile_mode`): auto | off | default | reduce-overhead; auto is
+reduce-overhead (CUDA graphs) on one CUDA GPU when no layer is checkpointed, default when some are
+or under DDP, off on the CPU (where compiling is refused) and off for a run too short to repay its
+compiles. Each decoder layer is compiled on its own with static shapes
+(`lm_loss.compile_layers`); rows are then padded to a width multiple (`row_multiple`) so a run has
+few shapes, and the held-out loss runs the layers eagerly.
 
 Trigger: prompts are rendered from text at train time, so a run trigger (`LmTrainSpec.trigger`)
 replaces every row's tag in the caption the adapter learns from (a row whose caption has its own
