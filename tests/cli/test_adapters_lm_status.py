@@ -106,8 +106,7 @@ def test_adapters_list_shows_each_lm_runs_state(tmp_path, monkeypatch) -> None:
 
 def test_the_cli_names_the_lm_trainers_files_as_it_writes_them() -> None:
     """The CLI spells the trainer's file names (importing it would load torch)."""
-    from hotstep_ray.training import checkpoint
-    from hotstep_ray.training import lm_save
+    from hotstep_ray.training import checkpoint, lm_save
 
     assert adapters_cmd.LM_LOG_FILE == lm_save.LOG_FILE
     assert adapters_cmd.LM_CHECKPOINT_MANIFEST == f"{lm_save.CHECKPOINT_DIR}/{checkpoint.MANIFEST}"
