@@ -32,7 +32,9 @@ inputs=(--work "$WORK" --dit "$DIT" --lm "$LM" --songs "$SONGS" --seconds "$SECO
 # this every process would compile each package's source on import (seconds per Ray worker);
 # a user's `pip install` writes the bytecode once, and so does this (py_compile ignores the flag).
 compile_site() {
-  python3 -m compileall -q -j 0 /tmp/site "$PWD/hotstep_ray" "$PWD/serve_apps" >/dev/null
+  # the machine's own torch came without bytecode too
+  torch_dir=$(python3 -c "import importlib.util as u; print(u.find_spec('torch').submodule_search_locations[0])")
+  python3 -m compileall -q -j 0 /tmp/site "$torch_dir" "$PWD/hotstep_ray" "$PWD/serve_apps" >/dev/null
 }
 
 if [ "$phase" = prepare ]; then
