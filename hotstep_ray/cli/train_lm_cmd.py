@@ -1,7 +1,8 @@
 """`hotstep-ray train-lm run SLUG`: train a 5 Hz LM adapter from a dataset's `lm_codes.jsonl`.
 
-Only the options given on the command line reach `TrainLmOptions`; the rest take the LM recipe's
-defaults (`core.contracts.TrainLmOptions`). Warm start: `--init-adapter latest` (the default) is
+Every `TrainLmOptions` field is an option, generated from the contract (`--size` and `--lr` name
+`lm_size` and `learning_rate`); only the options given on the command line reach it, the rest take
+the LM recipe's defaults (`core.contracts.TrainLmOptions`). Warm start: `--init-adapter latest` (the default) is
 the newest FINISHED run of this artist on this LM size (a run still training, killed or only
 checkpointed never counts) of the `--adapter-type` given, or of any type when none is given; the
 adapter type, rank and alpha not given here are taken from that run, and a contradicting one is
@@ -37,9 +38,11 @@ from hotstep_ray.cli.common import (
     RunByDefault,
     calibration_overrides,
     console,
+    given,
     handle_errors,
     print_eval,
     print_json,
+    with_contract_options,
 )
 from hotstep_ray.cli.train_dit_cmd import RAY_MAX_FAILURES, RAY_WORKERS, check_placement_options
 from hotstep_ray.core import layout
@@ -100,9 +103,12 @@ def _print_event(event: Any) -> None:
         )
 
 
-@app.command("run")
-@handle_errors
-def run(
+# Options named here rather than generated from the contract: their flags are `--size`, `--lr`,
+# `--variant` and `--artist` (the adapter name).
+_EXPLICIT = {"lm_size", "learning_rate", "variant_key", "adapter_name"}
+
+
+def _run(
     slug: str = typer.Argument(..., help="Dataset slug (its preprocessed codes are the data)."),
     data: str = typer.Option("./data", help="Storage root: a folder or s3://bucket/prefix."),
     checkpoints: str = typer.Option(..., help="ACE-Step checkpoints folder."),
@@ -111,8 +117,10 @@ def run(
         help="LM size: 0.6B, 1.7B or 4B (default: the --lm-model folder's, read from its "
         f"config.json; without --lm-model {TrainLmOptions.model_fields['lm_size'].default}).",
     ),
-    lm_model: str = typer.Option(
-        "", help="LM folder (name under --checkpoints, or a path); its config.json sets the size."
+    lr: float | None = typer.Option(
+        None,
+        help="Peak learning rate. "
+        f"Default: {TrainLmOptions.model_fields['learning_rate'].default}.",
     ),
     variant: str = typer.Option("", help="Preprocessed variant (default: newest)."),
     codes: str = typer.Option("", help="Storage key of lm_codes.jsonl (overrides the lookup)."),
@@ -121,45 +129,6 @@ def run(
         None, help="Trigger word rendered into every song's caption (default: each row's tag)."
     ),
     trigger_position: str | None = typer.Option(None, help="prepend, append or replace."),
-    adapter_type: str | None = typer.Option(None, help="lora or lokr."),
-    rank: int | None = typer.Option(None, help="LoRA rank."),
-    alpha: float | None = typer.Option(None, help="LoRA alpha."),
-    lokr_dim: int | None = typer.Option(None),
-    lokr_alpha: float | None = typer.Option(None),
-    lokr_factor: int | None = typer.Option(None),
-    optimizer: str | None = typer.Option(None, help="muon or adamw."),
-    muon_ns_precision: str | None = typer.Option(
-        None,
-        help="Muon's Newton-Schulz: auto (bfloat16_batched on CUDA), float32, tf32, bfloat16 "
-        "or bfloat16_batched.",
-    ),
-    lr: float | None = typer.Option(None, help="Peak learning rate."),
-    epochs: int | None = typer.Option(None),
-    grad_accum: int | None = typer.Option(None),
-    target_loss: float | None = typer.Option(None, help="Stop when the 5-epoch mean gets here."),
-    max_len: int | None = typer.Option(None, help="Skip songs longer than this (0 = fit GPU)."),
-    batch: int | None = typer.Option(None, help="Songs per micro-batch (--batching bucket)."),
-    seed: int | None = typer.Option(None),
-    order: str | None = typer.Option(None, help="shuffle or sequential."),
-    loss_on_cot: bool | None = typer.Option(None, "--loss-on-cot/--no-loss-on-cot"),
-    milestone_step: float | None = typer.Option(None),
-    milestone_keep: int | None = typer.Option(None),
-    init_adapter: str | None = typer.Option(None, help="'latest', '' (scratch) or a run folder."),
-    stages: str | None = typer.Option(None, help="Comma-separated: extract,train,export."),
-    overwrite: bool | None = typer.Option(
-        None, "--overwrite/--no-overwrite", help="Extract: re-read every tensor file."
-    ),
-    holdout_fraction: float | None = typer.Option(
-        None, help="Fraction of songs held out for a per-epoch loss (needs >= 6 songs)."
-    ),
-    calibrate: bool | None = typer.Option(
-        None, "--calibrate/--no-calibrate", help="Calibrate milestones x scales after export."
-    ),
-    calibrate_repoint: bool | None = typer.Option(
-        None,
-        "--calibrate-repoint/--no-calibrate-repoint",
-        help="The calibrated folder becomes what the artist resolves to (default: yes).",
-    ),
     calibrate_scales: str = typer.Option("", help="Calibration scales (default 0.5,0.75,1,1.25)."),
     calibrate_seeds: int = typer.Option(0, help="Generations per grid point (0 = default 4)."),
     calibrate_duration: float = typer.Option(
@@ -201,6 +170,7 @@ def run(
     ),
     ray_address: str = typer.Option("", help="Ray cluster to join (default: local)."),
     as_json: bool = typer.Option(False, "--json", help="Print the training log as JSON."),
+    **values: Any,
 ) -> None:
     """Train a LoRA/LoKR adapter on the 5 Hz LM from SLUG's preprocessed codes."""
     from hotstep_ray.calibration import after_train
@@ -217,39 +187,16 @@ def run(
     )
     storage = Storage(data)
     use_compile_cache(storage)  # compiled blocks reused by later runs and Ray workers
-    given = {
-        "adapter_type": adapter_type,
-        "rank": rank,
-        "alpha": alpha,
-        "lokr_dim": lokr_dim,
-        "lokr_alpha": lokr_alpha,
-        "lokr_factor": lokr_factor,
-        "optimizer": optimizer,
-        "muon_ns_precision": muon_ns_precision,
-        "learning_rate": lr,
-        "epochs": epochs,
-        "grad_accum": grad_accum,
-        "target_loss": target_loss,
-        "max_len": max_len,
-        "batch": batch,
-        "seed": seed,
-        "order": order,
-        "loss_on_cot": loss_on_cot,
-        "milestone_step": milestone_step,
-        "milestone_keep": milestone_keep,
-        "init_adapter": init_adapter,
-        "lm_size": size,
-        "stages": [s.strip() for s in stages.split(",") if s.strip()] if stages else None,
-        "overwrite": overwrite,
-        "holdout_fraction": holdout_fraction,
-        "calibrate": calibrate,
-        "calibrate_repoint": calibrate_repoint,
-        # only when given: what a resume names as ignored is what the user typed
-        "lm_model": lm_model or None,
-        "variant_key": variant or None,
-    }
+    options_given = given(values)
+    if isinstance(options_given.get("stages"), str):
+        options_given["stages"] = [
+            stage.strip() for stage in options_given["stages"].split(",") if stage.strip()
+        ]
+    # only when given: what a resume names as ignored is what the user typed
+    explicit = {"lm_size": size, "learning_rate": lr, "variant_key": variant or None}
+    options_given.update(given(explicit))
     name = artist or slug
-    options = TrainLmOptions(adapter_name=name, **{k: v for k, v in given.items() if v is not None})
+    options = TrainLmOptions(adapter_name=name, **options_given)
     lm_dir, options = lm_folder(checkpoints, options)
     calibration = calibration_overrides(calibrate_scales, calibrate_seeds, calibrate_duration)
     codes_key = codes or layout.find_lm_codes(storage, slug, variant)
@@ -325,3 +272,6 @@ def _print_calibration(summary: dict[str, Any]) -> None:
         f"score {winner['score']:.4f})",
         soft_wrap=True,
     )
+
+
+run = app.command("run")(handle_errors(with_contract_options(TrainLmOptions, skip=_EXPLICIT)(_run)))

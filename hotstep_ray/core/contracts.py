@@ -308,17 +308,22 @@ class TrainLmOptions(CheckpointCadence):
 
     # Route default 4B (the types comment says 0.6B; the route is what a bare request gets).
     lm_size: LmSize = "4B"
-    lm_model: str = ""
+    lm_model: str = Field(
+        default="",
+        description="LM folder (a name under --checkpoints, or a path); its config.json sets the size.",
+    )
     variant_key: str = ""
     adapter_name: str = ""
     # The LM recipe's own defaults (issue 7 and the seed's engine), not the studio route's
     # 150 epochs / target 0.1: a next-token loss over 64k code tokens never reaches 0.1, so that
     # target would silently mean "always run every epoch".
-    target_loss: float = Field(default=4.0, ge=0, le=20)  # 0 disables the auto-stop
+    target_loss: float = Field(
+        default=4.0, ge=0, le=20, description="Stop when the 5-epoch mean loss gets here (0 = off)."
+    )
     epochs: int = Field(default=75, ge=1, le=200)
     adapter_type: AdapterType = "lokr"
-    rank: int = Field(default=16, ge=1, le=256)
-    alpha: float = Field(default=32, ge=1, le=1024)
+    rank: int = Field(default=16, ge=1, le=256, description="LoRA rank.")
+    alpha: float = Field(default=32, ge=1, le=1024, description="LoRA alpha.")
     lokr_dim: int = Field(default=128, ge=4, le=4096)
     lokr_alpha: float = Field(default=128, ge=0, le=8192)
     lokr_factor: int = Field(default=6)
@@ -326,28 +331,52 @@ class TrainLmOptions(CheckpointCadence):
     optimizer: OptimizerName = "muon"
     muon_lr_scale: float = Field(default=20.0, ge=0.001, le=1000)
     muon_ns_steps: int = Field(default=5, ge=1, le=20)
-    muon_ns_precision: MuonNsPrecision = "auto"
+    muon_ns_precision: MuonNsPrecision = Field(
+        default="auto",
+        description="Muon's Newton-Schulz (auto: bfloat16_batched on CUDA).",
+    )
     learning_rate: float = Field(default=1e-4, gt=0, le=1)
     grad_accum: int = Field(default=2, ge=1, le=64)
     grad_clip: float = Field(default=1.0, ge=0, le=100)
     warmup_ratio: float = Field(default=0.05, ge=0, le=0.5)
     weight_decay: float = Field(default=0.01, ge=0, le=1)
-    max_len: int = Field(default=0, ge=0, le=16384)  # 0 = fit to free VRAM
-    batch: int = Field(default=1, ge=1, le=16)
+    max_len: int = Field(
+        default=0,
+        ge=0,
+        le=16384,
+        description="Skip songs longer than this many tokens (0 = fit the GPU).",
+    )
+    batch: int = Field(
+        default=1, ge=1, le=16, description="Songs per micro-batch (--batching bucket)."
+    )
     seed: int = 42
     order: SampleOrder = "shuffle"
     loss_on_cot: bool = True
     milestone_step: float = Field(default=1.0, ge=0, le=5)  # loss rungs; 0 = off
     milestone_keep: int = Field(default=6, ge=0, le=64)
-    stages: list[TrainLmStage] = Field(default_factory=lambda: ["extract", "train", "export"])
-    overwrite: bool = False
+    stages: list[TrainLmStage] = Field(
+        default_factory=lambda: ["extract", "train", "export"],
+        description="Comma-separated: extract, train, export.",
+    )
+    overwrite: bool = Field(default=False, description="Extract: re-read every tensor file.")
     # "latest" = newest non-calibrated run of this name; "" = train from scratch; else a path.
-    init_adapter: str = "latest"
-    calibrate: bool = False
-    calibrate_repoint: bool = True
+    init_adapter: str = Field(
+        default="latest", description="'latest', '' (from scratch) or a run folder."
+    )
+    calibrate: bool = Field(
+        default=False, description="Calibrate milestones x scales after the export."
+    )
+    calibrate_repoint: bool = Field(
+        default=True, description="The calibrated folder becomes what the artist resolves to."
+    )
     # Songs kept out of training for a per-epoch held-out loss (`eval` events); 0 = off. Needs at
     # least 6 songs (training.holdout.MIN_SONGS).
-    holdout_fraction: float = Field(default=0.0, ge=0, lt=1)
+    holdout_fraction: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="Share of songs held out for a per-epoch loss (>= 6 songs).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TrainLmOptions:
