@@ -8,9 +8,9 @@ import inspect
 import json
 import re
 import sys
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Container, Iterator, Mapping
 from difflib import get_close_matches
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_origin
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args, get_origin
 
 import typer
 import typer.core
@@ -291,16 +291,17 @@ def calibration_overrides(scales: Any, seeds: Any, duration_s: Any) -> dict[str,
 
 
 def contract_parameters(
-    contract: type[BaseModel], skip: Container[str] = ()
+    contract: type[BaseModel], skip: Container[str] = (), flags: Mapping[str, str] | None = None
 ) -> list[inspect.Parameter]:
-    """One keyword option per field of `contract` (`--x/--no-x` for booleans; a Literal lists its
+    """One keyword option per field of `contract` (`--x/--no-x` for booleans; a Literal shows its
     choices), each defaulting to None = not given, so the contract's own default applies and is
-    written only there; --help shows it after the field's description."""
+    written only there; --help shows it after the field's description. `flags` names a field's
+    flag where it is not the field's name (`{"max_duration_s": "--max-duration"}`)."""
     params = []
     for name, field in contract.model_fields.items():
         if name in skip:
             continue
-        flag = "--" + name.replace("_", "-")
+        flag = (flags or {}).get(name) or "--" + name.replace("_", "-")
         default = field.get_default(call_default_factory=True)
         shown = ",".join(map(str, default)) if isinstance(default, list) else default
         help_text = f"{field.description} " if field.description else ""
@@ -308,9 +309,15 @@ def contract_parameters(
         annotation: Any = field.annotation
         if annotation is bool:
             option = typer.Option(None, f"{flag}/--no-{flag[2:]}", help=help_text)
+        elif get_origin(annotation) is Literal:
+            # the choices in --help; pydantic checks the text, so a bad choice is one `error:`
+            # line among the others rather than click's own box
+            choices = "|".join(map(str, get_args(annotation)))
+            option = typer.Option(None, flag, help=help_text, metavar=f"<{choices}>")
+            annotation = str
         else:
             option = typer.Option(None, flag, help=help_text)
-            if annotation not in (int, float, str) and get_origin(annotation) is not Literal:
+            if annotation not in (int, float, str):
                 annotation = str  # pydantic converts and validates the text
         params.append(
             inspect.Parameter(
@@ -320,16 +327,18 @@ def contract_parameters(
     return params
 
 
-def with_contract_options(contract: type[BaseModel], skip: Container[str] = ()) -> Callable[[F], F]:
+def with_contract_options(
+    contract: type[BaseModel], skip: Container[str] = (), flags: Mapping[str, str] | None = None
+) -> Callable[[F], F]:
     """Decorator: `func(own options..., **values)` gets a signature typer reads, its own
-    parameters followed by `contract_parameters(contract, skip)`; `given(values)` then holds the
-    options the command line set."""
+    parameters followed by `contract_parameters(contract, skip, flags)`; `given(values)` then
+    holds the options the command line set, by field name."""
 
     def decorate(func: F) -> F:
         signature = inspect.signature(func)
         own = [p for p in signature.parameters.values() if p.kind != inspect.Parameter.VAR_KEYWORD]
         func.__signature__ = signature.replace(  # type: ignore[attr-defined]
-            parameters=own + contract_parameters(contract, skip)
+            parameters=own + contract_parameters(contract, skip, flags)
         )
         return func
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import posixpath
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -20,17 +21,19 @@ from hotstep_ray.cli.common import (
     RunByDefault,
     console,
     finish_stage,
+    given,
     handle_errors,
     json_on_stdout,
     print_json,
+    with_contract_options,
 )
 from hotstep_ray.core import layout
+from hotstep_ray.core.contracts import PreprocessOptions
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import LogEvent, ProgressEvent
 from hotstep_ray.core.jobs import Job
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.dataset.store import load_summary
-from hotstep_ray.preprocess.plan import PreprocessRunOptions
 
 app = typer.Typer(
     help="Encode a dataset into the tensor cache the trainers read; decode a cached target "
@@ -49,44 +52,23 @@ def _console_sink(event) -> None:
         console.print(f"  [dim]{event.phase}: {event.done}/{event.total}{failed}[/]")
 
 
-@app.command()
-@handle_errors
-def run(
+# The fields whose flags are not their names (kept from before the options were generated).
+_FLAGS = {
+    "dit_model": "--variant",
+    "vae_model": "--vae",
+    "max_duration_s": "--max-duration",
+    "vae_chunk_frames": "--vae-chunk",
+    "vae_overlap_frames": "--vae-overlap",
+    "codes_recheck_margin": "--codes-margin",
+    "gpu_memory_cap_gib": "--gpu-memory-cap",
+}
+
+
+def _run(
     slug: str = typer.Argument(..., help="Dataset slug (see `hotstep-ray dataset list`)."),
     data: str = typer.Option("./data", help="Storage root: a folder or s3://bucket/prefix."),
     checkpoints: Path = typer.Option(..., help="Checkpoints folder (acestep-v15-*, vae, …)."),
-    variant: str = typer.Option(
-        "", help="DiT folder, path or variant (turbo, base, sft, xl-turbo); default: first."
-    ),
-    vae: str = typer.Option("", help="VAE folder (default: vae/ under --checkpoints)."),
-    text_encoder: str = typer.Option("", help="Qwen3-Embedding folder (default: found)."),
     sample_id: list[str] = typer.Option(None, help="Only these samples (repeatable)."),
-    max_duration: float = typer.Option(240.0, min=0, help="Cut songs here (s); 0 = never."),
-    normalize: str = typer.Option("peak", help="peak | none."),
-    target_db: float = typer.Option(-1.0, min=-60, max=0, help="Peak level after normalising."),
-    dtype: str = typer.Option("f32", help="Stored tensor dtype: f32 | bf16."),
-    compat: str = typer.Option("hotstep", help="hotstep (inference prompts) | sidestep."),
-    max_caption_tokens: int = typer.Option(512, min=16, max=4096),
-    max_lyric_tokens: int = typer.Option(2048, min=16, max=4096),
-    vae_chunk: int = typer.Option(
-        PreprocessRunOptions.model_fields["vae_chunk_frames"].default,
-        min=64,
-        help="VAE window, latent frames (25/s).",
-    ),
-    vae_overlap: int = typer.Option(48, min=0, help="Frames discarded each side of a window."),
-    overwrite: bool = typer.Option(False, help="Re-encode every sample, cached or not."),
-    output_dir: str = typer.Option("", help="Variant folder name (default: the DiT's name)."),
-    sidestep_pt: bool = typer.Option(False, help="Also write Side-Step's <stem>.pt files."),
-    seed: int = typer.Option(0, min=0, help="Posterior-noise seed (mixed with sample ids)."),
-    codes_fast_pass: str = typer.Option(
-        "auto", help="5 Hz codes: auto (TF32 + float32 rechecks on CUDA) | off | tf32."
-    ),
-    codes_margin: float = typer.Option(
-        0.02, min=0, max=0.5, help="FSQ levels from a boundary that get a float32 recheck."
-    ),
-    gpu_memory_cap: float = typer.Option(
-        0.0, min=0, help="GiB per encoder process on CUDA (0 = no cap)."
-    ),
     batch_size: int = typer.Option(4, min=1, help="Songs per encoder call."),
     use_ray: bool = typer.Option(False, "--ray/--no-ray", help="Run on Ray Data."),
     ray_address: str = typer.Option("", help="Ray cluster to join (default: $RAY_ADDRESS)."),
@@ -96,32 +78,12 @@ def run(
         -1.0, help="GPUs per encoder actor (Ray; 0.25 packs 4 per GPU; -1 = auto)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    **values: Any,
 ) -> None:
     """Preprocess dataset SLUG into tensors/SLUG/<variant>/ (cached samples are skipped).
 
     Exits 3 when some samples failed (the others are cached), 2 on bad input."""
-    options = PreprocessRunOptions(
-        dit_model=variant,
-        vae_model=vae,
-        text_encoder=text_encoder,
-        sample_ids=sample_id or None,
-        max_duration_s=max_duration,
-        normalize=normalize,
-        target_db=target_db,
-        dtype=dtype,
-        compat=compat,
-        max_caption_tokens=max_caption_tokens,
-        max_lyric_tokens=max_lyric_tokens,
-        vae_chunk_frames=vae_chunk,
-        vae_overlap_frames=vae_overlap,
-        overwrite=overwrite,
-        output_dir=output_dir,
-        sidestep_pt=sidestep_pt,
-        seed=seed,
-        codes_fast_pass=codes_fast_pass,
-        codes_recheck_margin=codes_margin,
-        gpu_memory_cap_gib=gpu_memory_cap,
-    )
+    options = PreprocessOptions.model_validate({**given(values), "sample_ids": sample_id or None})
     from hotstep_ray.preprocess.ray_pipeline import RayPipelineConfig
     from hotstep_ray.preprocess.run import preprocess_dataset
 
@@ -158,6 +120,11 @@ def run(
     finish_stage(
         f"{result.processed} encoded, {result.cached} cached", result.failed, as_json=as_json
     )
+
+
+run = app.command("run")(
+    handle_errors(with_contract_options(PreprocessOptions, skip={"sample_ids"}, flags=_FLAGS)(_run))
+)
 
 
 @app.command()

@@ -231,56 +231,61 @@ class LabelOptions(Options):
     analysis_time_limit_s: float = Field(default=ANALYSIS_TIME_LIMIT_S, gt=0)
 
 
-class GeniusOptions(Options):
-    sample_ids: list[str] | None = None
-    merge_policy: MergePolicy = "overwrite_lyrics"
-    artist: str = ""
-    album: str = ""
-    sanitize_headers: bool = True
-
-
-class CaptionOptions(Options):
-    sample_ids: list[str] | None = None
-    provider: str = ""
-    model: str = ""
-    merge_policy: MergePolicy = "overwrite_caption"
-    include_lyrics_excerpt: bool = True
-    temperature: float = Field(default=0.45, ge=0, le=2)
-
-
 # -- preprocess ----------------------------------------------------------------------------------
 class PreprocessOptions(Options):
-    dit_model: str = ""  # "" = the first DiT found under the checkpoints folder
-    vae_model: str = ""
-    text_encoder: str = ""
+    dit_model: str = Field(
+        default="",
+        description="DiT folder, path or variant (turbo, base, sft, xl-turbo); "
+        "'' = the first one under the checkpoints folder.",
+    )
+    vae_model: str = Field(default="", description="VAE folder ('' = vae/ under the checkpoints).")
+    text_encoder: str = Field(default="", description="Qwen3-Embedding folder ('' = found).")
     sample_ids: list[str] | None = None
-    max_duration_s: float = Field(default=240.0, ge=0)  # 0 = no cut
+    max_duration_s: float = Field(default=240.0, ge=0, description="Cut songs here (s); 0 = never.")
     normalize: PreprocessNormalize = "peak"
-    target_db: float = Field(default=-1.0, ge=-60, le=0)
-    dtype: PreprocessDtype = "f32"
-    compat: PreprocessCompat = "hotstep"
+    target_db: float = Field(
+        default=-1.0, ge=-60, le=0, description="Peak level after normalising (dBFS)."
+    )
+    dtype: PreprocessDtype = Field(default="f32", description="Stored tensor dtype.")
+    compat: PreprocessCompat = Field(
+        default="hotstep", description="hotstep (inference prompts) or sidestep."
+    )
     # Route values (512 / 2048) win over the type comments (256 / 512): they are what runs.
     max_caption_tokens: int = Field(default=512, ge=16, le=4096)
     max_lyric_tokens: int = Field(default=2048, ge=16, le=4096)
     # HOT-Step's route: 384 frames (15.4 s, set by its C++ engine's memory). Ours encodes 1536
     # (61 s) per window in the same memory as its 4 x 384 batches, and re-encodes ~7% of a 240 s
-    # song at the window edges instead of ~34% (H200: docs/BENCHMARKS.md); any value >= 64 works.
-    vae_chunk_frames: int = Field(default=1536, ge=64)
-    vae_overlap_frames: int = Field(default=48, ge=0)  # route 48; the type comment's 64 is stale
-    overwrite: bool = False
-    output_dir: str = ""
+    # song at the window edges instead of ~34% (speed: docs/BENCHMARKS.md); any value >= 64 works.
+    vae_chunk_frames: int = Field(
+        default=1536, ge=64, description="VAE window, latent frames (25/s)."
+    )
+    vae_overlap_frames: int = Field(  # route 48; the type comment's 64 is stale
+        default=48, ge=0, description="Frames discarded each side of a window."
+    )
+    overwrite: bool = Field(default=False, description="Re-encode every sample, cached or not.")
+    output_dir: str = Field(default="", description="Variant folder name ('' = the DiT's name).")
     # Ours, beyond the studio route: Side-Step's `<stem>.pt` beside each safetensors file (for
     # users who still train with Side-Step), and the posterior-noise seed mixed with each sample id.
-    sidestep_pt: bool = False
-    seed: int = Field(default=0, ge=0)
+    sidestep_pt: bool = Field(default=False, description="Also write Side-Step's <stem>.pt files.")
+    seed: int = Field(default=0, ge=0, description="Posterior-noise seed (mixed with sample ids).")
     # 5 Hz codes are the float32 audio tokenizer's. "auto": on CUDA a TF32 pass, with the windows
-    # within `codes_recheck_margin` FSQ levels of a floor boundary redone in float32 (H200,
-    # 8 x 240 s: 270 -> 130 ms; pass-1 error <= 0.0072 levels); "off": float32 throughout.
-    codes_fast_pass: Literal["auto", "off", "tf32"] = "auto"
-    codes_recheck_margin: float = Field(default=0.02, ge=0, le=0.5)
-    # Per encoder process on CUDA (GiB, 0 = none): the allocator frees its cache rather than
-    # grow past it, so actors that share a GPU keep to their share.
-    gpu_memory_cap_gib: float = Field(default=0.0, ge=0)
+    # within `codes_recheck_margin` FSQ levels of a floor boundary redone in float32, which keeps
+    # the codes the float32 ones while the pass's error stays inside the margin (its measured
+    # error and speed: docs/BENCHMARKS.md); "off": float32 throughout.
+    codes_fast_pass: Literal["auto", "off", "tf32"] = Field(
+        default="auto", description="5 Hz codes: auto (TF32 + float32 rechecks on CUDA)."
+    )
+    codes_recheck_margin: float = Field(
+        default=0.02,
+        ge=0,
+        le=0.5,
+        description="FSQ levels from a boundary that get a float32 recheck.",
+    )
+    # Per encoder process on CUDA: the allocator frees its cache rather than grow past it, so
+    # actors that share a GPU keep to their share.
+    gpu_memory_cap_gib: float = Field(
+        default=0.0, ge=0, description="GiB per encoder process on CUDA (0 = no cap)."
+    )
 
 
 # -- training ------------------------------------------------------------------------------------

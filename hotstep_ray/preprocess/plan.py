@@ -70,22 +70,13 @@ _SETTING_FIELDS = (
 _STEM_BAD = re.compile(r"[^A-Za-z0-9._-]")
 
 
-# The run's options are the contract's (`sidestep_pt` and `seed` live there with their defaults);
-# the name stays for the stage code that reads it.
-PreprocessRunOptions = PreprocessOptions
-
-
-def as_run_options(options: PreprocessOptions) -> PreprocessRunOptions:
-    return options
-
-
 @dataclass
 class RunPlan:
     slug: str
     tensor_dir: str  # storage key of tensors/<slug>/<variant_key>
     paths: ModelPaths
     fingerprint: str
-    options: PreprocessRunOptions
+    options: PreprocessOptions
     settings: dict[str, Any]  # the hashed run settings
     dataset_json: str
     jobs: list[SampleJob]  # to encode, shortest first
@@ -189,7 +180,7 @@ def _stat(root: str, key: str) -> tuple[int, int]:
 
 
 def _reason(
-    job: SampleJob, old: dict | None, present: set[str], opts: PreprocessRunOptions
+    job: SampleJob, old: dict | None, present: set[str], opts: PreprocessOptions
 ) -> str | None:
     """Why `job` must run, or None when its previous entry stands."""
     if old is None:
@@ -251,7 +242,7 @@ def _recover(
     job: SampleJob,
     old: dict[str, Any] | None,
     present: set[str],
-    opts: PreprocessRunOptions,
+    opts: PreprocessOptions,
 ) -> dict[str, Any] | None:
     """The entry of a file that already holds what `job` would write (a killed run encoded it
     and never wrote the meta), or None. Its header must carry the job's settings hash and the
@@ -286,7 +277,7 @@ def make_plan(
     checkpoints_dir: str,
     events: EventLog | None = None,
 ) -> RunPlan:
-    opts = as_run_options(options)
+    opts = options
     if opts.vae_chunk_frames <= 2 * opts.vae_overlap_frames:
         raise InputError(
             f"vae_chunk_frames ({opts.vae_chunk_frames}) must exceed twice vae_overlap_frames "

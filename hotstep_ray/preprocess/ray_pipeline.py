@@ -22,13 +22,14 @@ from typing import Any
 
 import numpy as np
 
+from hotstep_ray.core.contracts import PreprocessOptions
 from hotstep_ray.core.events import EventLog
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.distributed.runtime import ensure_ray
 from hotstep_ray.preprocess.cache import SampleOutputs, write_outputs
 from hotstep_ray.preprocess.items import VAE_BATCH_FRAMES, EncoderSettings, allocator_env
 from hotstep_ray.preprocess.model_paths import ModelPaths
-from hotstep_ray.preprocess.plan import PreprocessRunOptions, RunPlan
+from hotstep_ray.preprocess.plan import RunPlan
 from hotstep_ray.preprocess.sample_job import SampleJob
 from hotstep_ray.preprocess.stages import (
     Decoded,
@@ -54,7 +55,7 @@ class RayPipelineConfig:
 # -- stage functions (module level: Ray pickles them by reference) -----------------------------
 def _decode_row(row: dict[str, Any], opts_json: str) -> dict[str, Any]:
     job = SampleJob.from_json(row["job"])
-    decoded = decode_job(job, PreprocessRunOptions.model_validate_json(opts_json))
+    decoded = decode_job(job, PreprocessOptions.model_validate_json(opts_json))
     audio = decoded.audio
     return {
         "job": row["job"],

@@ -11,13 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hotstep_ray.core.contracts import LATENT_HZ
+from hotstep_ray.core.contracts import LATENT_HZ, PreprocessOptions
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.preprocess.audio_prep import HOP_SAMPLES, PreparedAudio, prepare_audio
 from hotstep_ray.preprocess.cache import SampleOutputs, build_outputs, failed_outputs, file_checksum
 from hotstep_ray.preprocess.items import VAE_BATCH_FRAMES, EncodeItem, EncoderSettings
 from hotstep_ray.preprocess.plan import (
-    PreprocessRunOptions,
     RunPlan,
     SampleJob,
     caption_prompt,
@@ -37,7 +36,7 @@ class Decoded:
     error: str = ""
 
 
-def decode_job(job: SampleJob, opts: PreprocessRunOptions) -> Decoded:
+def decode_job(job: SampleJob, opts: PreprocessOptions) -> Decoded:
     """Read, checksum and prepare one source file; any failure becomes `error`."""
     source = Storage(job.source_root)
     facts: dict[str, Any] = {}
@@ -73,7 +72,7 @@ def prompts_for(job: SampleJob, duration_s: float, compat: str) -> dict[str, str
 
 
 def encoder_settings(
-    opts: PreprocessRunOptions, vae_batch_frames: int = VAE_BATCH_FRAMES
+    opts: PreprocessOptions, vae_batch_frames: int = VAE_BATCH_FRAMES
 ) -> EncoderSettings:
     return EncoderSettings(
         vae_chunk_frames=opts.vae_chunk_frames,

@@ -50,14 +50,14 @@ class PlainRun:
 @pytest.fixture(scope="session")
 def plain_run(tmp_path_factory, tiny_ckpt) -> PlainRun:
     """One plain-path run over SONGS with the Side-Step .pt files on (session-shared)."""
-    from hotstep_ray.preprocess.plan import PreprocessRunOptions
+    from hotstep_ray.core.contracts import PreprocessOptions
     from hotstep_ray.preprocess.run import preprocess_dataset
 
     base = tmp_path_factory.mktemp("plain")
     source = make_song_folder(base / "songs")
     storage = Storage(base / "root")
     slug = new_dataset(storage, source)
-    options = PreprocessRunOptions(sidestep_pt=True)
+    options = PreprocessOptions(sidestep_pt=True)
     result = preprocess_dataset(storage, slug, options, tiny_ckpt)
     tensor_dir = storage.local_path(f"tensors/{slug}/acestep-v15-turbo")
     return PlainRun(storage, slug, source, tiny_ckpt, result, tensor_dir)

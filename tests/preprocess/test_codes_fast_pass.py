@@ -10,6 +10,7 @@ import pytest
 import torch
 from diffusers.pipelines.ace_step import AceStepAudioTokenizer
 
+from hotstep_ray.core.contracts import PreprocessOptions
 from hotstep_ray.models import fsq_fast
 from hotstep_ray.models.acestep_wrappers import tokenize_latents
 from hotstep_ray.models.fsq_fast import (
@@ -22,7 +23,6 @@ from hotstep_ray.models.fsq_fast import (
 from hotstep_ray.preprocess.encode import Encoder, apply_memory_cap, memory_cap_fraction
 from hotstep_ray.preprocess.items import EncoderSettings
 from hotstep_ray.preprocess.model_paths import resolve_models
-from hotstep_ray.preprocess.plan import PreprocessRunOptions
 
 # Level units. bf16 keeps 8 significant bits (2^-9 relative rounding); brackets reach ~8 level
 # units, so one rounding is ~0.015 and the projection + 1 pooler layer stack a few of them: the
@@ -248,7 +248,7 @@ def test_memory_cap_is_set_on_cuda_only(monkeypatch):
 @pytest.fixture(scope="module")
 def encoder(tiny_ckpt) -> Encoder:
     settings = EncoderSettings(codes_recheck_margin=MARGIN)
-    return Encoder.load(resolve_models(tiny_ckpt, PreprocessRunOptions()), settings, "cpu")
+    return Encoder.load(resolve_models(tiny_ckpt, PreprocessOptions()), settings, "cpu")
 
 
 def variant(encoder: Encoder, **changes) -> Encoder:

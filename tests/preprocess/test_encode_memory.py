@@ -12,6 +12,7 @@ from dataclasses import asdict, replace
 import pytest
 import torch
 
+from hotstep_ray.core.contracts import PreprocessOptions
 from hotstep_ray.preprocess import encode as encode_module
 from hotstep_ray.preprocess.encode import Encoder, release_cached_blocks
 from hotstep_ray.preprocess.items import (
@@ -23,7 +24,6 @@ from hotstep_ray.preprocess.items import (
     resolve_release,
 )
 from hotstep_ray.preprocess.model_paths import resolve_models
-from hotstep_ray.preprocess.plan import PreprocessRunOptions
 from hotstep_ray.preprocess.stages import encoder_settings
 
 HOP = 1920  # audio samples per 25 Hz latent frame at 48 kHz
@@ -31,7 +31,7 @@ HOP = 1920  # audio samples per 25 Hz latent frame at 48 kHz
 
 @pytest.fixture(scope="module")
 def encoder(tiny_ckpt) -> Encoder:
-    return Encoder.load(resolve_models(tiny_ckpt, PreprocessRunOptions()), EncoderSettings(), "cpu")
+    return Encoder.load(resolve_models(tiny_ckpt, PreprocessOptions()), EncoderSettings(), "cpu")
 
 
 def with_release(encoder: Encoder, on: bool) -> Encoder:
@@ -146,7 +146,7 @@ def test_real_runs_release_unless_expandable_segments(tiny_ckpt, monkeypatch) ->
     dict): the release is "auto" there without any option and survives the round trip; auto
     releases unless the allocator runs expandable segments (what GPU encoder processes start
     with), and an explicit choice wins either way."""
-    settings = encoder_settings(PreprocessRunOptions())
+    settings = encoder_settings(PreprocessOptions())
     assert settings.release_cache_between_stages is None
     assert EncoderSettings(**asdict(settings)) == settings
     off = replace(settings, release_cache_between_stages=False)
@@ -164,7 +164,7 @@ def test_real_runs_release_unless_expandable_segments(tiny_ckpt, monkeypatch) ->
     assert expandable_segments_active(allocator_env()) or "PYTORCH_CUDA_ALLOC_CONF" in os.environ
 
     # the encoder resolves it once, from its own process's environment
-    models = resolve_models(tiny_ckpt, PreprocessRunOptions())
+    models = resolve_models(tiny_ckpt, PreprocessOptions())
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     assert Encoder.load(models, settings, "cpu").release_cache is False
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")

@@ -7,17 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hotstep_ray.core.contracts import PreprocessOptions
 from hotstep_ray.preprocess.encode import Encoder
 from hotstep_ray.preprocess.items import EncodeItem, EncoderSettings
 from hotstep_ray.preprocess.model_paths import resolve_models
-from hotstep_ray.preprocess.plan import PreprocessRunOptions
 
 HOP = 1920  # audio samples per 25 Hz latent frame at 48 kHz
 
 
 @pytest.fixture(scope="module")
 def encoder(tiny_ckpt) -> Encoder:
-    return Encoder.load(resolve_models(tiny_ckpt, PreprocessRunOptions()), EncoderSettings(), "cpu")
+    return Encoder.load(resolve_models(tiny_ckpt, PreprocessOptions()), EncoderSettings(), "cpu")
 
 
 def songs() -> list[EncodeItem]:

@@ -5,20 +5,20 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from hotstep_ray.core.contracts import PreprocessOptions
 from hotstep_ray.preprocess.items import ALLOC_ENV, ENCODER_ALLOC_CONF, allocator_env
-from hotstep_ray.preprocess.plan import PreprocessRunOptions
 from hotstep_ray.preprocess.ray_pipeline import encoder_remote_args
 from hotstep_ray.preprocess.stages import encoder_settings
 
 
 def test_codes_and_memory_options_reach_the_encoder_settings():
-    default = encoder_settings(PreprocessRunOptions())
+    default = encoder_settings(PreprocessOptions())
     assert (default.codes_fast_pass, default.codes_recheck_margin, default.memory_cap_gib) == (
         "auto",
         0.02,
         0.0,
     )
-    chosen = PreprocessRunOptions(
+    chosen = PreprocessOptions(
         codes_fast_pass="off", codes_recheck_margin=0.1, gpu_memory_cap_gib=6
     )
     settings = encoder_settings(chosen)
@@ -28,9 +28,9 @@ def test_codes_and_memory_options_reach_the_encoder_settings():
         6.0,
     )
     with pytest.raises(ValidationError):
-        PreprocessRunOptions(codes_fast_pass="bf16")  # a test-only pass: not a run option
+        PreprocessOptions(codes_fast_pass="bf16")  # a test-only pass: not a run option
     with pytest.raises(ValidationError):
-        PreprocessRunOptions(codes_recheck_margin=-0.1)
+        PreprocessOptions(codes_recheck_margin=-0.1)
 
 
 def test_gpu_encoders_start_with_expandable_segments_unless_the_user_chose(monkeypatch):

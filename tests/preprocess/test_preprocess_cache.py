@@ -16,8 +16,8 @@ from preprocess_support import SONGS, TAG, snapshot
 from typer.testing import CliRunner
 
 from hotstep_ray.cli.preprocess_cmd import app
+from hotstep_ray.core.contracts import PreprocessOptions
 from hotstep_ray.preprocess.cache import PT_KEYS, read_sample
-from hotstep_ray.preprocess.plan import PreprocessRunOptions
 from hotstep_ray.preprocess.run import preprocess_dataset
 
 FRAMES = {name.rsplit("/", 1)[-1]: int(sec * 48000) // 1920 for name, sec, _ in SONGS}
@@ -130,7 +130,7 @@ def test_sidestep_pt_layout_loads_without_pickle(plain_run) -> None:
 
 def test_rerun_writes_nothing_and_a_touched_file_redoes_only_itself(plain_run) -> None:
     before = snapshot(plain_run.tensor_dir)
-    options = PreprocessRunOptions(sidestep_pt=True)
+    options = PreprocessOptions(sidestep_pt=True)
     again = preprocess_dataset(plain_run.storage, plain_run.slug, options, plain_run.ckpt)
     assert again.processed == 0 and again.cached == 3
     assert snapshot(plain_run.tensor_dir) == before  # not one byte, not one mtime
@@ -155,7 +155,7 @@ def test_another_seed_draws_another_posterior_sample(plain_run) -> None:
     from hotstep_ray.preprocess.items import EncodeItem, EncoderSettings
     from hotstep_ray.preprocess.model_paths import resolve_models
 
-    paths = resolve_models(plain_run.ckpt, PreprocessRunOptions())
+    paths = resolve_models(plain_run.ckpt, PreprocessOptions())
     audio = 0.3 * torch.randn(2, 5 * 1920, generator=torch.Generator().manual_seed(3))
     item = EncodeItem("s1", audio, "caption", "lyrics")
     first = Encoder.load(paths, EncoderSettings(seed=0), "cpu")
@@ -178,9 +178,7 @@ def test_batched_codes_equal_per_song_codes(plain_run) -> None:
     from hotstep_ray.preprocess.items import EncoderSettings
     from hotstep_ray.preprocess.model_paths import resolve_models
 
-    encoder = Encoder.load(
-        resolve_models(plain_run.ckpt, PreprocessRunOptions()), EncoderSettings()
-    )
+    encoder = Encoder.load(resolve_models(plain_run.ckpt, PreprocessOptions()), EncoderSettings())
     generator = torch.Generator().manual_seed(5)
     latents = [torch.randn(frames, 64, generator=generator) for frames in (23, 40, 23, 23)]
     batched = encoder.codes(latents)
@@ -226,7 +224,7 @@ def test_inspect_unknown_sample_is_a_clean_error(plain_run, tmp_path) -> None:
 def test_bad_tiling_options_are_refused(plain_run, bad) -> None:
     with pytest.raises(ValueError, match="must exceed twice"):
         preprocess_dataset(
-            plain_run.storage, plain_run.slug, PreprocessRunOptions(**bad), plain_run.ckpt
+            plain_run.storage, plain_run.slug, PreprocessOptions(**bad), plain_run.ckpt
         )
 
 

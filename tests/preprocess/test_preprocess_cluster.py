@@ -34,7 +34,7 @@ SCRIPT = textwrap.dedent(
     import ray
     from ray.cluster_utils import Cluster
     from hotstep_ray.core.storage import Storage
-    from hotstep_ray.preprocess.plan import PreprocessRunOptions
+    from hotstep_ray.core.contracts import PreprocessOptions
     from hotstep_ray.preprocess.ray_pipeline import RayPipelineConfig
     from hotstep_ray.preprocess.run import preprocess_dataset
 
@@ -44,7 +44,7 @@ SCRIPT = textwrap.dedent(
     ray.init(address=cluster.address, log_to_driver=False)
     config = RayPipelineConfig(num_gpus_per_actor=1, decode_cpus=0.5, write_cpus=0.25)
     result = preprocess_dataset(
-        Storage(root), slug, PreprocessRunOptions(), ckpt, executor="ray", ray_config=config
+        Storage(root), slug, PreprocessOptions(), ckpt, executor="ray", ray_config=config
     )
     gpus = ray.cluster_resources().get("GPU", 0)
     print("RESULT " + json.dumps({"result": result.to_json_dict(), "gpus": gpus}))

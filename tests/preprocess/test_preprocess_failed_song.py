@@ -9,8 +9,8 @@ import os
 
 from preprocess_support import make_song_folder, new_dataset
 
+from hotstep_ray.core.contracts import PreprocessOptions
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.preprocess.plan import PreprocessRunOptions
 from hotstep_ray.preprocess.run import preprocess_dataset
 
 
@@ -18,7 +18,7 @@ def test_a_song_that_fails_now_loses_its_old_tensors(tmp_path, tiny_ckpt):
     source = make_song_folder(tmp_path / "songs")
     storage = Storage(tmp_path / "root")
     slug = new_dataset(storage, source)
-    options = PreprocessRunOptions(sidestep_pt=True)
+    options = PreprocessOptions(sidestep_pt=True)
     first = preprocess_dataset(storage, slug, options, tiny_ckpt)
     assert (first.processed, first.failed) == (3, 0)
     tensors = storage.local_path(f"tensors/{slug}/acestep-v15-turbo")

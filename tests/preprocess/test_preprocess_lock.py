@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 
 from hotstep_ray.cli.preprocess_cmd import app
 from hotstep_ray.core import layout
+from hotstep_ray.core.contracts import PreprocessOptions
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.locks import LockHeldError, lock_key, preprocess_lock
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.preprocess.plan import PreprocessRunOptions
 from hotstep_ray.preprocess.run import preprocess_dataset
 
 VARIANT = "acestep-v15-turbo"  # the tiny tree's DiT folder: the default variant key
@@ -31,7 +31,7 @@ def test_a_second_run_on_the_same_variant_refuses_before_any_work(dataset, tiny_
     storage, slug = dataset
     with preprocess_lock(storage, slug, VARIANT, heartbeat_s=0):  # the first run, still going
         with pytest.raises(LockHeldError) as refused:
-            preprocess_dataset(storage, slug, PreprocessRunOptions(), tiny_ckpt)
+            preprocess_dataset(storage, slug, PreprocessOptions(), tiny_ckpt)
         assert str(refused.value).startswith(f"another preprocess run holds {slug}/{VARIANT} ")
         assert not storage.exists(layout.tensor_dir(slug, VARIANT))  # nothing encoded
 
@@ -50,8 +50,8 @@ def test_a_second_run_on_the_same_variant_refuses_before_any_work(dataset, tiny_
 @pytest.mark.parametrize(
     "options",
     [
-        PreprocessRunOptions(sample_ids=["whatever"]),  # a run over some samples only
-        PreprocessRunOptions(dtype="bf16", max_duration_s=6.0),  # other tensor settings
+        PreprocessOptions(sample_ids=["whatever"]),  # a run over some samples only
+        PreprocessOptions(dtype="bf16", max_duration_s=6.0),  # other tensor settings
     ],
     ids=["sample-ids", "other-settings"],
 )
@@ -67,7 +67,7 @@ def test_runs_with_other_settings_or_samples_take_the_same_lock(dataset, tiny_ck
 
 def test_a_failing_run_releases_the_lock(dataset, tiny_ckpt):
     storage, slug = dataset
-    bad = PreprocessRunOptions(vae_chunk_frames=64, vae_overlap_frames=40)  # refused when planned
+    bad = PreprocessOptions(vae_chunk_frames=64, vae_overlap_frames=40)  # refused when planned
     with pytest.raises(InputError, match="must exceed twice vae_overlap_frames"):
         preprocess_dataset(storage, slug, bad, tiny_ckpt)
     assert not storage.exists(lock_key("preprocess", slug, VARIANT))

@@ -11,9 +11,9 @@ import soundfile as sf
 from preprocess_support import new_dataset, snapshot, tone, write_tone
 
 from hotstep_ray.core import layout
+from hotstep_ray.core.contracts import PreprocessOptions
 from hotstep_ray.core.events import EventLog, LogEvent, ProgressEvent
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.preprocess.plan import PreprocessRunOptions
 from hotstep_ray.preprocess.run import preprocess_dataset
 
 EXPECTED_ERRORS = {
@@ -55,7 +55,7 @@ def test_each_awkward_file_gets_its_documented_outcome(tmp_path, tiny_ckpt) -> N
     slug = new_dataset(storage, source, build=False)
     _write_dataset_json(storage, slug, source)
     events = []
-    options = PreprocessRunOptions(max_duration_s=1.0)
+    options = PreprocessOptions(max_duration_s=1.0)
     result = preprocess_dataset(storage, slug, options, tiny_ckpt, events=EventLog(events.append))
 
     assert result.total == 8 and result.processed == 3 and result.failed == 5

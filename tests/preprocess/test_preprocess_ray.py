@@ -9,9 +9,9 @@ import json
 import pytest
 from preprocess_support import new_dataset
 
+from hotstep_ray.core.contracts import PreprocessOptions
 from hotstep_ray.core.events import EventLog, ProgressEvent
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.preprocess.plan import PreprocessRunOptions
 from hotstep_ray.preprocess.ray_pipeline import RayPipelineConfig
 from hotstep_ray.preprocess.run import preprocess_dataset
 
@@ -30,7 +30,7 @@ def test_ray_pipeline_writes_the_same_files_as_the_plain_path(
     result = preprocess_dataset(
         storage,
         slug,
-        PreprocessRunOptions(sidestep_pt=True),
+        PreprocessOptions(sidestep_pt=True),
         plain_run.ckpt,
         executor="ray",
         events=EventLog(events.append),
@@ -55,7 +55,7 @@ def test_ray_pipeline_writes_the_same_files_as_the_plain_path(
     for name in ("preprocess_meta.json", "lm_codes.jsonl", "channel_stats.json"):
         (tensor_dir / name).unlink()
     again = preprocess_dataset(
-        storage, slug, PreprocessRunOptions(sidestep_pt=True), plain_run.ckpt, executor="ray"
+        storage, slug, PreprocessOptions(sidestep_pt=True), plain_run.ckpt, executor="ray"
     )
     assert (again.processed, again.cached, len(again.recovered)) == (0, 3, 3)
     rebuilt = {p.name: p.read_bytes() for p in tensor_dir.iterdir()}

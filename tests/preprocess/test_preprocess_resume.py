@@ -17,11 +17,12 @@ import pytest
 import torch
 from preprocess_support import make_song_folder, new_dataset, snapshot
 
+from hotstep_ray.core.contracts import PreprocessOptions
 from hotstep_ray.core.events import EventLog, LogEvent
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.preprocess import cache, run
 from hotstep_ray.preprocess.cache import SampleOutputs, read_header, read_sample
-from hotstep_ray.preprocess.plan import PreprocessRunOptions, make_plan
+from hotstep_ray.preprocess.plan import make_plan
 from hotstep_ray.preprocess.run import preprocess_dataset
 from hotstep_ray.preprocess.sample_job import FORMAT, SampleJob
 
@@ -61,12 +62,10 @@ def _entry(tensor_dir: Path, rel_path: str) -> dict:
     return next(e for e in meta["samples"] if e["rel_path"] == rel_path)
 
 
-def _cache_options(tensor_dir: Path) -> PreprocessRunOptions:
+def _cache_options(tensor_dir: Path) -> PreprocessOptions:
     """The options the cache was last made with (other tests rerun the session cache, some
     with other options that do not change its tensors, such as `dit_model`)."""
-    return PreprocessRunOptions.model_validate(
-        json.loads((tensor_dir / META).read_text())["options"]
-    )
+    return PreprocessOptions.model_validate(json.loads((tensor_dir / META).read_text())["options"])
 
 
 def _warnings(events: list) -> list[str]:
@@ -130,7 +129,7 @@ def test_the_songs_a_killed_first_run_wrote_are_kept(tmp_path, tiny_ckpt, monkey
     landed: list[SampleOutputs] = []
     _kill_after(monkeypatch, 1, landed)  # batch_size 1: killed once the first song's file is in
     with pytest.raises(Killed):
-        preprocess_dataset(storage, slug, PreprocessRunOptions(), tiny_ckpt, batch_size=1)
+        preprocess_dataset(storage, slug, PreprocessOptions(), tiny_ckpt, batch_size=1)
     monkeypatch.undo()
     assert not (tensor_dir / META).exists()  # before the fix: "2 new", all encoded again
     (kept,) = [out.entry for out in landed]
@@ -138,7 +137,7 @@ def test_the_songs_a_killed_first_run_wrote_are_kept(tmp_path, tiny_ckpt, monkey
 
     events: list = []
     result = preprocess_dataset(
-        storage, slug, PreprocessRunOptions(), tiny_ckpt, events=EventLog(events.append)
+        storage, slug, PreprocessOptions(), tiny_ckpt, events=EventLog(events.append)
     )
     assert result.recovered == [kept["sample_id"]] and result.stale == []
     assert (result.processed, result.cached, result.total) == (1, 1, 2)
