@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict
-from typing import get_args
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -21,15 +21,12 @@ from hotstep_ray.cli.common import (
     console,
     err_console,
     finish_stage,
+    given,
     handle_errors,
     print_json,
+    with_contract_options,
 )
-from hotstep_ray.core.contracts import (
-    ANALYSIS_TIME_LIMIT_S,
-    CaptionProviderChoice,
-    LabelOptions,
-    MergePolicy,
-)
+from hotstep_ray.core.contracts import CaptionProviderChoice, LabelOptions
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import LogEvent, ProgressEvent, SampleEvent
 from hotstep_ray.core.storage import Storage
@@ -41,7 +38,6 @@ app = typer.Typer(
     cls=RunByDefault,
 )
 
-MERGE_POLICIES: tuple[str, ...] = get_args(MergePolicy)
 CAPTION_PROVIDERS = ("offline", "gemini", "openai")
 
 
@@ -64,60 +60,46 @@ class _ProgressSink:
             self.printer.print(f"[red]{event.sample_id}:[/] {escape(event.error)}", highlight=False)
 
 
+# Fields named by flags of their own, and the ones set from other flags (`--sample-id`, repeatable;
+# `caption` from --caption-provider and --caption-model) or not offered here.
+_FLAGS = {
+    "use_essentia": "--essentia",
+    "use_genius": "--genius",
+    "use_caption": "--caption",
+    "analysis_time_limit_s": "--analysis-time-limit",
+}
+_NOT_GENERATED = {"sample_ids", "caption", "use_understand", "allow_empty"}
+
+
 def _options(
-    scope: str,
-    essentia: bool | None,
-    genius: bool | None,
-    caption: bool | None,
-    caption_provider: str | None,
-    caption_model: str,
-    merge_policy: str,
-    sample_ids: list[str] | None,
-    analysis_time_limit_s: float | None = None,
+    values: dict[str, Any],
+    caption_provider: str | None = None,
+    caption_model: str = "",
+    sample_ids: list[str] | None = None,
 ) -> LabelOptions:
-    if scope not in ("all", "unlabeled"):
-        raise InputError("--scope must be all or unlabeled")
-    if merge_policy not in MERGE_POLICIES:
-        raise InputError(f"--merge-policy must be one of {', '.join(MERGE_POLICIES)}")
+    """The contract from the command line: only the flags the user gave are set, so "asked
+    explicitly" (an error when unavailable) differs from the defaults (skipped with a warning)."""
     if caption_provider is not None and caption_provider not in CAPTION_PROVIDERS:
         raise InputError(f"--caption-provider must be one of {', '.join(CAPTION_PROVIDERS)}")
     if caption_model and caption_provider is None:  # a model name belongs to one provider
         raise InputError("--caption-model needs --caption-provider (the provider it belongs to)")
-    # Only flags the user gave are set, so "asked explicitly" (an error when unavailable) differs
-    # from the defaults (skipped with a warning when unavailable).
-    given = {
-        "use_essentia": essentia,
-        "use_genius": genius,
-        "use_caption": caption,
-        "sample_ids": sample_ids or None,
-        "analysis_time_limit_s": analysis_time_limit_s,
-    }
-    values = {k: v for k, v in given.items() if v is not None}
+    options = given(values)
+    if sample_ids:
+        options["sample_ids"] = sample_ids
     if caption_provider is not None:
-        values["caption"] = CaptionProviderChoice(provider=caption_provider, model=caption_model)
-    return LabelOptions(scope=scope, merge_policy=merge_policy, **values)
+        options["caption"] = CaptionProviderChoice(provider=caption_provider, model=caption_model)
+    return LabelOptions.model_validate(options)
 
 
-@app.command()
-@handle_errors
-def run(
+def _run(
     slug: str = typer.Argument(..., help="Dataset slug (see `hotstep-ray dataset list`)."),
     data: str = typer.Option("./data", help="Storage root: a folder or s3://bucket/prefix."),
-    scope: str = typer.Option("unlabeled", help="all | unlabeled (songs without a caption)."),
-    essentia: bool | None = typer.Option(None, "--essentia/--no-essentia", help="BPM and key."),
-    genius: bool | None = typer.Option(
-        None, "--genius/--no-genius", help="Lyrics (needs $GENIUS_ACCESS_TOKEN)."
-    ),
-    caption: bool | None = typer.Option(None, "--caption/--no-caption", help="Captions."),
     caption_provider: str | None = typer.Option(
         None,
         help="offline | gemini | openai (default: gemini or openai when its key is set, "
         "else offline).",
     ),
     caption_model: str = typer.Option("", help="Model for the caption provider."),
-    merge_policy: str = typer.Option(
-        "fill_missing", help="fill_missing | overwrite_caption | overwrite_lyrics | overwrite_all."
-    ),
     sample_id: list[str] | None = typer.Option(None, help="Only these samples (repeatable)."),
     use_ray: bool = typer.Option(True, "--ray/--no-ray", help="Fan out over Ray actor pools."),
     ray_address: str = typer.Option(
@@ -126,29 +108,15 @@ def run(
     analysis_actors: int = typer.Option(0, min=0, help="Analysis actors (0 = one per CPU)."),
     genius_concurrency: int = typer.Option(1, min=1, help="Parallel Genius calls."),
     caption_concurrency: int = typer.Option(1, min=1, help="Parallel caption calls."),
-    analysis_time_limit: float | None = typer.Option(
-        None,
-        help=f"Seconds one song's analysis may take before it fails (default "
-        f"{ANALYSIS_TIME_LIMIT_S:g}).",
-    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    **values: Any,
 ) -> None:
     """Label dataset SLUG: analyse, fetch lyrics, caption, and merge into the sidecars.
 
     Exits 3 when some samples failed (the others are labeled), 2 on bad input."""
     from hotstep_ray.labeling.job import label_dataset
 
-    options = _options(
-        scope,
-        essentia,
-        genius,
-        caption,
-        caption_provider,
-        caption_model,
-        merge_policy,
-        sample_id,
-        analysis_time_limit,
-    )
+    options = _options(values, caption_provider, caption_model, sample_id)
     storage = Storage(data)
     columns = (
         TextColumn("[bold]label[/] {task.fields[phase]:<9}"),
@@ -179,6 +147,11 @@ def run(
     if report.unlabeled:  # finished without a caption and without an error: not a failure
         done += f", {report.unlabeled} without caption"
     finish_stage(done, report.failed, as_json=as_json)
+
+
+run = app.command("run")(
+    handle_errors(with_contract_options(LabelOptions, skip=_NOT_GENERATED, flags=_FLAGS)(_run))
+)
 
 
 @app.command()

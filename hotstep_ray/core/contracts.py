@@ -218,17 +218,25 @@ ANALYSIS_TIME_LIMIT_S = 120.0
 
 class LabelOptions(Options):
     sample_ids: list[str] | None = None
-    scope: Literal["all", "unlabeled"] = "unlabeled"
-    use_essentia: bool = True
+    scope: Literal["all", "unlabeled"] = Field(
+        default="unlabeled", description="Songs to label (unlabeled: those without a caption)."
+    )
+    use_essentia: bool = Field(default=True, description="BPM and key.")
     # The route defaults these to true (types.ts says false); a provider without credentials is
     # skipped with a warning unless the caller asked for it explicitly.
-    use_genius: bool = True
-    use_caption: bool = True
+    use_genius: bool = Field(default=True, description="Lyrics (needs $GENIUS_ACCESS_TOKEN).")
+    use_caption: bool = Field(default=True, description="Captions.")
     use_understand: bool = False
-    merge_policy: MergePolicy = "fill_missing"
+    merge_policy: MergePolicy = Field(
+        default="fill_missing", description="What a new value may replace in the sidecars."
+    )
     caption: CaptionProviderChoice | None = None
     allow_empty: bool = False
-    analysis_time_limit_s: float = Field(default=ANALYSIS_TIME_LIMIT_S, gt=0)
+    analysis_time_limit_s: float = Field(
+        default=ANALYSIS_TIME_LIMIT_S,
+        gt=0,
+        description="Seconds one song's analysis may take before it fails.",
+    )
 
 
 # -- preprocess ----------------------------------------------------------------------------------

@@ -293,9 +293,8 @@ def test_the_time_limit_flag_reaches_the_analyzer() -> None:
     from hotstep_ray.labeling.analysis import essentia_available
     from hotstep_ray.labeling.providers import resolve_providers
 
-    args = ("unlabeled", None, None, None, None, "", "fill_missing", None)
-    assert _options(*args).analysis_time_limit_s == ANALYSIS_TIME_LIMIT_S
-    options = _options(*args, 7.5)
+    assert _options({"analysis_time_limit_s": None}).analysis_time_limit_s == ANALYSIS_TIME_LIMIT_S
+    options = _options({"analysis_time_limit_s": "7.5"})  # the flag's text
     assert options.analysis_time_limit_s == 7.5
     if not essentia_available():
         pytest.skip("Essentia is not installed: no analyzer to carry the limit")
