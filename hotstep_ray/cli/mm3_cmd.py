@@ -9,14 +9,16 @@
     hotstep-ray mm3 make-tiny DIR                          (a tiny MM3 in the real layout)
 
 The MM3 folder is found at DIR, DIR/mm3 or DIR/mm3/<name>/ (`mm3.checkpoint`); no ACE-Step
-weights are needed. Options map 1:1 onto `Mm3PreprocessOptions` / `Mm3TrainOptions` /
-`Mm3LmTrainOptions`.
+weights are needed. Each command's options are generated from its contract (`mm3/options.py`:
+`Mm3PreprocessOptions`, `Mm3TrainOptions`, `Mm3LmTrainOptions`; `--lr` and `--crop` name
+`learning_rate` and `crop_latents`).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -24,11 +26,14 @@ from hotstep_ray.cli.common import (
     EXIT_FAILURE,
     console,
     finish_stage,
+    given,
     handle_errors,
     json_on_stdout,
     print_json,
+    with_contract_options,
 )
 from hotstep_ray.core.events import LogEvent, MetricEvent, ProgressEvent
+from hotstep_ray.mm3.options import Mm3LmTrainOptions, Mm3PreprocessOptions, Mm3TrainOptions
 
 app = typer.Typer(
     help="MiniMax-Music3: preprocess a dataset into the MM3 cache, train a DiT LoRA.",
@@ -53,40 +58,23 @@ def _sink(event) -> None:
             )
 
 
-@app.command("preprocess")
-@handle_errors
-def preprocess(
+def _preprocess(
     slug: str = typer.Argument(..., help="Dataset slug."),
     data: str = DATA,
     checkpoints: str = CHECKPOINTS,
-    mode: str = typer.Option("sampled", help="sampled (60 s rollouts) or aligned (from codes)."),
-    seed: int = typer.Option(42, help="Rollout seed; segment k uses seed + k."),
-    segment_s: float = typer.Option(60.0, help="Rollout segment length, seconds."),
-    max_duration_s: float = typer.Option(360.0, help="Cut songs here (<= 360 s, the LM cap)."),
-    codes_dir: str = typer.Option("", help="Aligned mode: folder of <stem>.codes files."),
     sample_id: list[str] = typer.Option(None, help="Only these sample ids (repeatable)."),
-    overwrite: bool = typer.Option(False, help="Redo songs whose cache is current."),
-    lm_dtype: str = typer.Option("bfloat16", help="Composer LM dtype: bfloat16 or float32."),
-    device: str = typer.Option("", help="cuda, cuda:1, cpu; default cuda when available."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
+    **values: Any,
 ) -> None:
     """DAV-encode a dataset's songs and build their conditioning (captions from <stem>.mm3.txt).
 
     Exits 3 when some songs failed (the others are cached), 2 on bad input."""
     from hotstep_ray.core.jobs import Job
     from hotstep_ray.core.storage import Storage
-    from hotstep_ray.mm3.preprocess import Mm3PreprocessOptions, run_preprocess
+    from hotstep_ray.mm3.preprocess import run_preprocess
 
-    options = Mm3PreprocessOptions(
-        mode=mode,
-        seed=seed,
-        segment_s=segment_s,
-        max_duration_s=max_duration_s,
-        codes_dir=codes_dir,
-        sample_ids=sample_id or None,
-        overwrite=overwrite,
-        lm_dtype=lm_dtype,
-        device=device,
+    options = Mm3PreprocessOptions.model_validate(
+        {**given(values), "sample_ids": sample_id or None}
     )
     storage = Storage(data)
     # With --json, stdout carries the manifest alone (as `preprocess run` does).
@@ -102,36 +90,10 @@ def preprocess(
     finish_stage(f"{manifest['n_ok']} ok", manifest["n_failed"], as_json=as_json)
 
 
-@app.command("train-dit")
-@handle_errors
-def train_dit(
+def _train_dit(
     slug: str = typer.Argument(..., help="Dataset slug."),
     data: str = DATA,
     checkpoints: str = CHECKPOINTS,
-    variant_key: str = typer.Option("mm3-sampled-s42", help="Cache folder from mm3 preprocess."),
-    adapter_name: str = typer.Option("", help="Artist folder of the run (default: the slug)."),
-    rank: int = typer.Option(32),
-    alpha: float = typer.Option(32.0),
-    lr: float = typer.Option(1e-4, "--lr", help="Peak learning rate (SimpleTuner uses 5e-5)."),
-    steps: int = typer.Option(200),
-    warmup_steps: int = typer.Option(-1, help="-1 = max(1, steps / 20)."),
-    crop: int = typer.Option(689, help="Crop length in latents (689 = one 8 s DiT window)."),
-    crop_mode: str = typer.Option("random", help="random or beginning."),
-    batch: int = typer.Option(1),
-    grad_accum: int = typer.Option(1),
-    seed: int = typer.Option(42),
-    logit_mean: float = typer.Option(0.0, help="> 0 biases training toward clean crops."),
-    logit_std: float = typer.Option(1.0),
-    gradient_checkpointing: bool = typer.Option(False),
-    dtype: str = typer.Option("bfloat16", help="Frozen base dtype (LoRA stays float32)."),
-    device: str = typer.Option(""),
-    delta_every: int = typer.Option(50, help="||dW||/||W|| report every N steps."),
-    save_every: int = typer.Option(0, help="Resumable checkpoint every N steps."),
-    export_every: int = typer.Option(0, help="Filtered snapshot every N steps (ear ladder)."),
-    eval_every: int = typer.Option(0, help="Fixed stratified-sigma eval every N steps."),
-    sign_check: bool = typer.Option(False, help="Refuse to train if the sign check fails."),
-    trigger: str = typer.Option(""),
-    resume: str = typer.Option("", help="Storage key of a checkpoint/ folder to continue."),
     use_ray: bool | None = typer.Option(
         None, "--ray/--no-ray", help="Train on Ray Train (default: when a cluster address is set)."
     ),
@@ -139,42 +101,17 @@ def train_dit(
     vram_gb: float | None = typer.Option(
         None, help="Ray: GPU memory to request per worker (default: predicted, see mm3/vram.py)."
     ),
-    vram_reserve_mb: int = typer.Option(2048, help="Ray: allocator slack added to the request."),
     max_failures: int = typer.Option(2, help="Ray: worker failures to recover from."),
     as_json: bool = typer.Option(False, "--json", help="Print the written paths as JSON."),
+    **values: Any,
 ) -> None:
     """Train a LoRA on the MM3 DiT; export ComfyUI-format files with the q,k/proj filter."""
     from hotstep_ray.core.jobs import Job
     from hotstep_ray.core.storage import Storage
-    from hotstep_ray.mm3.train import Mm3TrainOptions, run_train_dit
+    from hotstep_ray.mm3.train import run_train_dit
 
-    options = Mm3TrainOptions(
-        variant_key=variant_key,
-        adapter_name=adapter_name,
-        rank=rank,
-        alpha=alpha,
-        learning_rate=lr,
-        steps=steps,
-        warmup_steps=None if warmup_steps < 0 else warmup_steps,
-        crop_latents=crop,
-        crop_mode=crop_mode,
-        batch=batch,
-        grad_accum=grad_accum,
-        seed=seed,
-        logit_mean=logit_mean,
-        logit_std=logit_std,
-        gradient_checkpointing=gradient_checkpointing,
-        dtype=dtype,
-        device=device,
-        delta_every=delta_every,
-        save_every=save_every,
-        export_every=export_every,
-        eval_every=eval_every,
-        sign_check=sign_check,
-        trigger=trigger,
-        resume=resume,
-        vram_reserve_mb=vram_reserve_mb,
-    )
+    options = Mm3TrainOptions.model_validate(given(values))
+    resume = options.resume
     storage = Storage(data)
     if use_ray is None:
         use_ray = bool(ray_address or os.environ.get("RAY_ADDRESS"))
@@ -206,9 +143,7 @@ def train_dit(
         console.print(f"[green]MM3 LoRA:[/] {storage.url_of(paths['lora'])}", soft_wrap=True)
 
 
-@app.command("train-lm")
-@handle_errors
-def train_lm(
+def _train_lm(
     slug: str = typer.Argument(..., help="Dataset slug (captions: <stem>.mm3.txt by the audio)."),
     data: str = DATA,
     checkpoints: str = CHECKPOINTS,
@@ -216,53 +151,23 @@ def train_lm(
     no_warmup_row: bool = typer.Option(
         False, "--no-warmup-row", help="The codes files have no leading warm-up row."
     ),
-    adapter_name: str = typer.Option("", help="Run folder prefix (default: the slug)."),
-    sample_id: list[str] = typer.Option(None, help="Only these sample ids (repeatable)."),
-    rank: int = typer.Option(16),
-    alpha: float = typer.Option(32.0),
-    lr: float = typer.Option(8e-5, "--lr", help="Peak learning rate."),
-    weight_decay: float = typer.Option(0.01),
-    grad_clip: float = typer.Option(1.0, help="Global-norm clip; 0 = off."),
-    optimizer: str = typer.Option("adamw", help="adamw or muon."),
-    steps: int = typer.Option(800),
-    warmup_steps: int = typer.Option(0),
-    grad_accum: int = typer.Option(1),
-    max_frames: int = typer.Option(1500, help="Frames (25 Hz) per crop; 0 = whole songs."),
-    crop_mode: str = typer.Option("random", help="random or beginning."),
     no_eos: bool = typer.Option(False, "--no-eos", help="Never supervise <|audio_end|>."),
-    seed: int = typer.Option(42),
-    gradient_checkpointing: bool = typer.Option(False),
-    dtype: str = typer.Option("bfloat16", help="Frozen base dtype (LoRA stays float32)."),
-    device: str = typer.Option(""),
-    trigger: str = typer.Option(""),
+    sample_id: list[str] = typer.Option(None, help="Only these sample ids (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print the written paths as JSON."),
+    **values: Any,
 ) -> None:
     """Train a LoRA on the MM3 composer LM from RVQ codes; export a PEFT folder."""
     from hotstep_ray.core.storage import Storage
-    from hotstep_ray.mm3.lm_train import Mm3LmTrainOptions, run_train_lm
+    from hotstep_ray.mm3.lm_train import run_train_lm
 
-    options = Mm3LmTrainOptions(
-        codes_dir=codes,
-        codes_warmup_row=not no_warmup_row,
-        adapter_name=adapter_name,
-        sample_ids=sample_id or None,
-        rank=rank,
-        alpha=alpha,
-        learning_rate=lr,
-        weight_decay=weight_decay,
-        grad_clip=grad_clip,
-        optimizer=optimizer,
-        steps=steps,
-        warmup_steps=warmup_steps,
-        grad_accum=grad_accum,
-        max_frames=max_frames,
-        crop_mode=crop_mode,
-        supervise_eos=not no_eos,
-        seed=seed,
-        gradient_checkpointing=gradient_checkpointing,
-        dtype=dtype,
-        device=device,
-        trigger=trigger,
+    options = Mm3LmTrainOptions.model_validate(
+        {
+            **given(values),
+            "codes_dir": codes,
+            "codes_warmup_row": not no_warmup_row,
+            "supervise_eos": not no_eos,
+            "sample_ids": sample_id or None,
+        }
     )
     storage = Storage(data)
     paths = run_train_lm(storage, slug, checkpoints, options, sinks=(_sink,))
@@ -272,6 +177,27 @@ def train_lm(
         console.print(
             f"[green]MM3 composer LoRA:[/] {storage.url_of(paths['run'])}", soft_wrap=True
         )
+
+
+preprocess = app.command("preprocess")(
+    handle_errors(with_contract_options(Mm3PreprocessOptions, skip={"sample_ids"})(_preprocess))
+)
+train_dit = app.command("train-dit")(
+    handle_errors(
+        with_contract_options(
+            Mm3TrainOptions, flags={"learning_rate": "--lr", "crop_latents": "--crop"}
+        )(_train_dit)
+    )
+)
+train_lm = app.command("train-lm")(
+    handle_errors(
+        with_contract_options(
+            Mm3LmTrainOptions,
+            skip={"codes_dir", "codes_warmup_row", "supervise_eos", "sample_ids"},
+            flags={"learning_rate": "--lr"},
+        )(_train_lm)
+    )
+)
 
 
 @app.command("tone-check")

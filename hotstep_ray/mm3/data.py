@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from safetensors.torch import load as load_safetensors
@@ -29,11 +29,11 @@ from safetensors.torch import save as save_safetensors
 from hotstep_ray.core import layout
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
+from hotstep_ray.mm3.options import CropMode
 
 FORMAT = "hotstep-ray-mm3-cache-v1"
 MANIFEST = layout.MM3_CACHE_MANIFEST
 MAX_REDRAWS = 1000
-CropMode = Literal["random", "beginning"]
 
 
 # -- files ----------------------------------------------------------------------------------------

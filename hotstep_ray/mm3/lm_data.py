@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Literal
 
 import torch
 from diffusers.modular_pipelines.minimax_music3.encoders import (
@@ -45,6 +44,7 @@ from hotstep_ray.dataset.sidecar import stem_key
 from hotstep_ray.dataset.store import included_samples, load_dataset
 from hotstep_ray.mm3.aligned import CODEBOOKS, SEMANTIC_OFFSET, read_codes
 from hotstep_ray.mm3.condition import Mm3CaptionError, read_caption, song_lyrics
+from hotstep_ray.mm3.options import CropMode
 
 AUDIO_END_ID = 151_670  # <|audio_end|>: the composer's EOS
 SEMANTIC_VOCAB = 16_384
@@ -57,7 +57,6 @@ HEAD_END = SEMANTIC_OFFSET + SEMANTIC_VOCAB
 HEAD_MASKED = tuple(range(1, SEMANTIC_OFFSET - AUDIO_END_ID))  # local rows 1..4
 EOS_CLASS = 0  # local index of <|audio_end|> in the slice
 SEMANTIC_BASE = SEMANTIC_OFFSET - HEAD_START  # local index of semantic code 0 (= 5)
-CropMode = Literal["random", "beginning"]
 
 
 @dataclass(frozen=True, eq=False)

@@ -29,14 +29,12 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 
 from hotstep_ray.core import layout
-from hotstep_ray.core.contracts import Options
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog, EventSink, MetricEvent
 from hotstep_ray.core.jobs import Job
@@ -47,12 +45,12 @@ from hotstep_ray.mm3.lm_data import (
     HEAD_END,
     HEAD_MASKED,
     HEAD_START,
-    CropMode,
     LmSong,
     draw_crop,
     load_lm_songs,
     sequence,
 )
+from hotstep_ray.mm3.options import Mm3LmTrainOptions
 from hotstep_ray.mm3.preprocess import resolve_device
 from hotstep_ray.mm3.train import apply_update
 from hotstep_ray.training import adapters, export
@@ -62,30 +60,6 @@ from hotstep_ray.training.schedule import LrSchedule
 LM_TARGETS = adapters.LM_ATTENTION_TARGETS + adapters.MLP_TARGETS  # q,k,v,o + gate,up,down
 SIDECAR = "adapter_model.safetensors.json"
 TRAIN_LOG = "train_log.json"
-
-
-class Mm3LmTrainOptions(Options):
-    codes_dir: str = ""  # folder of <file stem>.codes / .npy (aligned.py format); required
-    codes_warmup_row: bool = True  # the files start with the un-emitted warm-up row
-    adapter_name: str = ""  # run folder prefix; "" = the dataset slug
-    sample_ids: list[str] | None = None  # train on these samples only
-    rank: int = Field(default=16, ge=1, le=512)
-    alpha: float = Field(default=32.0, gt=0)
-    learning_rate: float = Field(default=8e-5, gt=0, le=1)
-    weight_decay: float = Field(default=0.01, ge=0, le=1)
-    grad_clip: float = Field(default=1.0, ge=0)  # 0 = off
-    optimizer: Literal["adamw", "muon"] = "adamw"
-    steps: int = Field(default=800, ge=1)
-    warmup_steps: int = Field(default=0, ge=0)
-    grad_accum: int = Field(default=1, ge=1, le=256)
-    max_frames: int = Field(default=1500, ge=0)  # frames per crop (25 Hz); 0 = whole songs
-    crop_mode: CropMode = "random"
-    supervise_eos: bool = True  # EOS target when a crop reaches the song's end
-    seed: int = 42
-    gradient_checkpointing: bool = False
-    dtype: Literal["bfloat16", "float32"] = "bfloat16"  # frozen base; the LoRA is float32
-    device: str = ""
-    trigger: str = ""
 
 
 @dataclass

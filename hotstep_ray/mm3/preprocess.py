@@ -23,21 +23,20 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field
 
 from hotstep_ray.audio.io import load_audio
 from hotstep_ray.core import layout
-from hotstep_ray.core.contracts import Options, Sample
+from hotstep_ray.core.contracts import Sample
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.dataset.sidecar import stem_key
 from hotstep_ray.dataset.store import included_samples, load_dataset
-from hotstep_ray.mm3 import FRAME_HZ, MAX_FRAMES, SAMPLE_RATE_HZ
+from hotstep_ray.mm3 import SAMPLE_RATE_HZ
 from hotstep_ray.mm3 import checkpoint as ckpt
 from hotstep_ray.mm3.condition import (
     ConditionModels,
@@ -47,29 +46,11 @@ from hotstep_ray.mm3.condition import (
     song_lyrics,
 )
 from hotstep_ray.mm3.data import FORMAT, MANIFEST, read_song_file, song_bytes
+from hotstep_ray.mm3.options import MAX_DURATION_S, Mm3PreprocessOptions
 from hotstep_ray.preprocess.audio_prep import AudioError, to_stereo
 from hotstep_ray.preprocess.resample import resample
 
-MAX_DURATION_S = MAX_FRAMES / FRAME_HZ  # 360 s: the LM's frame cap
 _STEM_BAD = re.compile(r"[^A-Za-z0-9._-]")
-
-
-class Mm3PreprocessOptions(Options):
-    mode: Literal["sampled", "aligned"] = "sampled"
-    seed: int = 42  # rollout segment k uses seed + k
-    segment_s: float = Field(default=60.0, gt=0, le=MAX_DURATION_S)
-    max_duration_s: float = Field(default=MAX_DURATION_S, ge=0)  # 0 = whole file, still <= 360 s
-    codes_dir: str = ""  # aligned: folder with <stem>.codes or <stem>.npy; "" = next to the audio
-    codes_warmup_row: bool = True  # HOT-Step's .codes start with the un-emitted warm-up row
-    sample_ids: list[str] | None = None
-    overwrite: bool = False
-    lm_dtype: Literal["bfloat16", "float32"] = "bfloat16"
-    device: str = ""  # "" = cuda when available
-    variant_key: str = ""  # "" = mm3-<mode>-s<seed>
-
-    @property
-    def resolved_variant_key(self) -> str:
-        return self.variant_key or f"mm3-{self.mode}-s{self.seed}"
 
 
 def resolve_device(name: str = "") -> torch.device:

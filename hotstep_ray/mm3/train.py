@@ -29,21 +29,18 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 
 from hotstep_ray.core import layout
-from hotstep_ray.core.contracts import Options
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog, EventSink, MetricEvent
 from hotstep_ray.core.jobs import Job
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.mm3 import WINDOW_LATENTS, flow
 from hotstep_ray.mm3 import checkpoint as ckpt
+from hotstep_ray.mm3 import flow
 from hotstep_ray.mm3.data import (
-    CropMode,
     CropStats,
     Song,
     crop_tensors,
@@ -52,52 +49,16 @@ from hotstep_ray.mm3.data import (
     load_songs,
 )
 from hotstep_ray.mm3.export import MM3_TARGETS, DeltaGate, base_norms, delta_gate, export_comfy
+from hotstep_ray.mm3.options import Mm3TrainOptions
 from hotstep_ray.mm3.preprocess import resolve_device
 from hotstep_ray.training import adapters
 from hotstep_ray.training.accumulate import micro_batch_weights
 from hotstep_ray.training.checkpoint import load_checkpoint, model_fingerprint, save_checkpoint
-from hotstep_ray.training.export import TriggerPosition
 from hotstep_ray.training.optim import build_optimizer
 from hotstep_ray.training.schedule import LrSchedule
 
 ADAPTER_BASE = layout.mm3_dit_adapter_base()  # adapters/mm3-dit
 EVAL_BANDS = ((0.0, 0.33), (0.33, 0.67), (0.67, 1.0))  # sigma bands of the eval report
-
-
-class Mm3TrainOptions(Options):
-    variant_key: str = "mm3-sampled-s42"  # the cache folder written by `mm3 preprocess`
-    adapter_name: str = ""  # artist folder; "" = the dataset slug
-    rank: int = Field(default=32, ge=1, le=512)
-    alpha: float = Field(default=32.0, gt=0)
-    learning_rate: float = Field(default=1e-4, gt=0, le=1)
-    weight_decay: float = Field(default=0.01, ge=0, le=1)
-    grad_clip: float = Field(default=1.0, ge=0)  # 0 = off
-    steps: int = Field(default=200, ge=1)
-    warmup_steps: int | None = Field(default=None, ge=0)  # None = max(1, steps // 20)
-    crop_latents: int = Field(default=WINDOW_LATENTS, ge=8)
-    crop_mode: CropMode = "random"
-    batch: int = Field(default=1, ge=1, le=64)
-    grad_accum: int = Field(default=1, ge=1, le=256)
-    seed: int = 42
-    logit_mean: float = 0.0  # > 0 biases toward clean crops (HOT-Step suggests +1.0 ... +1.5)
-    logit_std: float = Field(default=1.0, gt=0)
-    gradient_checkpointing: bool = False
-    dtype: Literal["bfloat16", "float32"] = "bfloat16"  # frozen base; the LoRA is float32
-    device: str = ""
-    delta_every: int = Field(default=50, ge=0)  # 0 = only at the end
-    save_every: int = Field(default=0, ge=0)  # resumable checkpoint every N steps; end always
-    export_every: int = Field(default=0, ge=0)  # filtered snapshot ladder every N steps
-    eval_every: int = Field(default=0, ge=0)  # fixed stratified-sigma eval; also at step 0
-    eval_n: int = Field(default=24, ge=1)
-    sign_check: bool = False  # refuse to train unless loss(x0 - noise) < loss(noise - x0)
-    trigger: str = ""
-    trigger_position: TriggerPosition = "prepend"
-    resume: str = ""  # storage key of a `checkpoint/` folder to continue
-    vram_reserve_mb: int = Field(default=2048, ge=0)  # Ray request: allocator slack on top
-
-    @property
-    def warmup(self) -> int:
-        return self.warmup_steps if self.warmup_steps is not None else max(1, self.steps // 20)
 
 
 @dataclass
