@@ -1189,6 +1189,7 @@ THREAD_IMPORTS = (
     "hotstep_ray.training.lm_save",
     "hotstep_ray.training.lm_spec",
     "hotstep_ray.training.ray_lm",
+    "hotstep_ray.audition.serve_app",
 )
 
 
@@ -1200,7 +1201,7 @@ THREAD_IMPORTS = (
 PRELOAD = (
     "hotstep_ray.preprocess.ray_pipeline",
     "hotstep_ray.preprocess.finalize",
-    *(name for name in THREAD_IMPORTS if name.startswith("hotstep_ray.")),
+    *(name for name in THREAD_IMPORTS if name.startswith("hotstep_ray.training.")),
 )
 
 
@@ -1231,12 +1232,8 @@ def _import_for_threads() -> None:
     one of them (diffusers' lazy modules then fail with "partially initialized module")."""
     import importlib
 
-    from hotstep_ray.audition.serve_module import audition_app_module
-
     for name in THREAD_IMPORTS:
         importlib.import_module(name)
-    with contextlib.suppress(InputError):  # no serve_apps: the app's start says so
-        audition_app_module()
 
 
 def _lm_dir(checkpoints: Path, recipe: Recipe) -> Path:
@@ -1334,9 +1331,8 @@ def _audition_app(
             "Ray Serve is already running on this cluster; the main job starts its own audition "
             "app (pass --skip-audition, or stop Serve with `serve shutdown`)"
         )
-    from hotstep_ray.audition.serve_module import audition_app_module
+    from hotstep_ray.audition import serve_app as module
 
-    module = audition_app_module()
     token = secrets.token_urlsafe(24)
     app_config = module.AuditionAppConfig(
         checkpoints=str(checkpoints),

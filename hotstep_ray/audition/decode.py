@@ -22,6 +22,7 @@ graph serves every full window of every long clip, and a few more the tails.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -55,6 +56,8 @@ from hotstep_ray.models.oobleck_fast import (
 )
 from hotstep_ray.models.text_models import load_vae
 from hotstep_ray.preprocess.vae_tiles import TAIL_STEP, Window, plan_windows
+
+log = logging.getLogger(__name__)
 
 SAMPLE_RATE_HZ = 48_000
 FORMATS = {"wav": "WAV", "flac": "FLAC"}
@@ -394,3 +397,26 @@ def encode(audio: torch.Tensor, fmt: str) -> bytes:
     if fmt == "wav":
         return pcm16_wav(audio)
     return encode_audio(audio.float().cpu().numpy(), SAMPLE_RATE_HZ, FORMATS[fmt])
+
+
+def replica_codes_decoder(
+    checkpoints: str | Path,
+    *,
+    dit: str | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | str | None = None,
+) -> CodesDecoder:
+    """The CodesDecoder of one Serve replica, its tile-window CUDA graph already captured
+    (`CodesDecoder.warm`): the replica's first request does not pay the capture, and the
+    largest graph sizes the shared graph pool before any shorter clip's graph."""
+    decoder = CodesDecoder.from_checkpoints(checkpoints, dit=dit, device=device, dtype=dtype)
+    seconds = decoder.warm()
+    if seconds > 0:  # 0.0: nothing to capture (CPU, no CUDA graphs)
+        reserved = torch.cuda.memory_reserved(decoder.device) / 2**30
+        log.info(
+            "codes decoder warmed on %s in %.2f s (%.2f GiB reserved)",
+            decoder.device,
+            seconds,
+            reserved,
+        )
+    return decoder

@@ -33,10 +33,9 @@ def serve_cmd(
     HOTSTEP_TOKEN before starting."""
     from ray import serve
 
-    from hotstep_ray.audition.serve_module import audition_app_module
+    from hotstep_ray.audition import serve_app as module
     from hotstep_ray.distributed.runtime import ensure_ray
 
-    module = audition_app_module()
     config = module.AuditionAppConfig(
         checkpoints=str(checkpoints.resolve()),
         data=data,

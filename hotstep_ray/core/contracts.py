@@ -408,7 +408,7 @@ LM_ACTIVATION_BUDGET_DEFAULT = 0.8  # LmEngine.activation_budget: share of activ
 LM_CALIBRATION_MAX_BATCH_DEFAULT = 4  # LmCalibrationConfig.max_batch: requests decoded together
 
 # GPU shares of the audition engines, defined here once: the audition Serve replicas'
-# (`serve_apps/audition_app.AuditionAppConfig`; the shipped Serve YAMLs are checked against
+# (`audition.serve_app.AuditionAppConfig`; the shipped Serve YAMLs are checked against
 # these) and the studio's audition job, which loads the same engines in its runner actor.
 AUDITION_DECODER_GPUS = 0.25  # codes -> audio: ~1 GiB of weights; four share a card
 AUDITION_LM_GPUS = 0.5  # the planner LM

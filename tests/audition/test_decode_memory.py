@@ -189,7 +189,7 @@ def test_warm_is_a_no_op_without_graphs(decoder, fresh_vae):
 
 def test_replica_decoder_is_built_and_warmed(tiny_tree, monkeypatch):
     from hotstep_ray.audition import decode
-    from hotstep_ray.audition.serve_module import replica_codes_decoder
+    from hotstep_ray.audition.decode import replica_codes_decoder
 
     warmed = []
     monkeypatch.setattr(decode.CodesDecoder, "warm", lambda self: warmed.append(self) or 0.0)

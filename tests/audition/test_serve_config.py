@@ -32,9 +32,7 @@ def test_audition_yaml_matches_the_app():
 
 
 def test_decoder_replicas_start_with_huge_pages_for_large_allocations(monkeypatch):
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    from serve_apps import audition_app
+    from hotstep_ray.audition import serve_app as audition_app
 
     config = yaml.safe_load((REPO / "serve_apps" / "audition.yaml").read_text())
     (app,) = config["applications"]

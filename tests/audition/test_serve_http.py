@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import socket
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -32,9 +31,7 @@ def _free_port() -> int:
 def base_url(ray_session, tiny_tree, data_root):
     from ray import serve
 
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    from serve_apps.audition_app import AuditionAppConfig, build_app
+    from hotstep_ray.audition.serve_app import AuditionAppConfig, build_app
 
     port = _free_port()
     config = AuditionAppConfig(
@@ -162,7 +159,7 @@ def test_lifecycle_swaps_in_the_suspended_app(base_url, tiny_tree, data_root):
     (Restoring is the same `serve.run` as the fixture's; the guard itself is in
     test_lifecycle.py.)"""
     from hotstep_ray.audition.lifecycle import EngineLifecycle, serve_app_callbacks
-    from serve_apps.audition_app import AuditionAppConfig, build_app, build_suspended_app
+    from hotstep_ray.audition.serve_app import AuditionAppConfig, build_app, build_suspended_app
 
     config = AuditionAppConfig(checkpoints=str(tiny_tree), data=str(data_root), token=TOKEN)
     stop, start = serve_app_callbacks(

@@ -174,7 +174,7 @@ def test_kuberay_rayservice_serves_studio_and_audition():
     audition = _serve_app(applications, "audition")
     assert audition["args"]["data"] == studio["args"]["data"]
     # the audition config's fields are the app's own (it forbids unknown ones)
-    from serve_apps.audition_app import AuditionAppConfig
+    from hotstep_ray.audition.serve_app import AuditionAppConfig
 
     AuditionAppConfig(**audition["args"])
     shipped = {
