@@ -888,6 +888,12 @@ def audition_stage(
         raise RuntimeError(f"the LM trained on {lm_run.base_model}, the app serves {app.lm_folder}")
     url, token = app.open()
     ab = _post(url, "/audition", ab_body, token)
+    from hotstep_ray.audition.ab import PreviewStore
+
+    # as the studio's audition job labels its previews: `GET /previews?datasetId=` finds it
+    PreviewStore(storage).label(
+        ab["previewId"], datasetId=detail.id, slug=detail.slug, engine="lm", kind="ab"
+    )
     base, tuned = ab["sides"]
     for side in (base, tuned):
         if not side["ok"]:

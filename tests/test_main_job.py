@@ -12,6 +12,7 @@ import pytest
 from safetensors import safe_open
 from typer.testing import CliRunner
 
+from hotstep_ray.audition.ab import PreviewStore
 from hotstep_ray.cli.main import app
 from hotstep_ray.core.events import MetricEvent
 from hotstep_ray.core.jobs import load_job, read_job_events
@@ -147,6 +148,10 @@ def test_demo_runs_the_whole_product_and_reruns_idempotently(tmp_path, ray_sessi
     assert ab["adapter_id"] == result["lm"]["adapter_id"] and ab["codes_count"] == 10
     preview = tmp_path / "previews" / ab["preview_id"]
     assert {p.name for p in preview.iterdir()} == {"base.wav", "adapter.wav", "preview.json"}
+    listed = [
+        p for p in PreviewStore(storage).list() if p.get("datasetId") == result["dataset"]["id"]
+    ]
+    assert [p["previewId"] for p in listed] == [ab["preview_id"]]  # the studio's list finds it
 
     # The loss plot: a valid PNG of the expected size.
     plot = tmp_path / "jobs" / main.id / "loss.png"

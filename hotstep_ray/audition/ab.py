@@ -62,6 +62,14 @@ class PreviewStore:
         self.storage.write_json(f"{folder}/{PREVIEW_FILE}", meta)
         self.prune()
 
+    def label(self, preview_id: str, **fields: Any) -> dict[str, Any]:
+        """Add `fields` (the dataset it auditions, say) to a written preview's `preview.json`,
+        replaced in one atomic write; returns the new meta."""
+        key = f"{layout.preview_dir(preview_id)}/{PREVIEW_FILE}"
+        meta = {**self.storage.read_json(key), **fields}
+        self.storage.write_json(key, meta)
+        return meta
+
     def _complete(self) -> list[tuple[int, str, int]]:
         """(mtime ns, folder key, bytes) of complete previews; stale incomplete ones deleted."""
         found = []
