@@ -24,7 +24,15 @@ from starlette.exceptions import HTTPException
 from hotstep_ray.core.errors import HotstepError, PathNotAllowedError, StorageError
 from hotstep_ray.core.events import JobEvent
 from hotstep_ray.core.storage import Storage, normalize_key
-from hotstep_ray.studio import capabilities, datasets_api, make_job, page, previews_api, stages
+from hotstep_ray.studio import (
+    adapter_runs,
+    capabilities,
+    datasets_api,
+    make_job,
+    page,
+    previews_api,
+    stages,
+)
 from hotstep_ray.studio.config import StudioConfig
 from hotstep_ray.studio.context import Studio
 from hotstep_ray.studio.errors import ConflictError, NotFoundError, status_of
@@ -82,6 +90,7 @@ def create_app(config: StudioConfig) -> FastAPI:
     app.include_router(datasets_api.router(studio), prefix=API_PREFIX)
     app.include_router(_jobs_router(studio, config.sse_keepalive_s), prefix=API_PREFIX)
     app.include_router(previews_api.router(studio), prefix=API_PREFIX)
+    app.include_router(adapter_runs.router(studio), prefix=API_PREFIX)
     app.include_router(make_job.router(studio), prefix=API_PREFIX)
     app.include_router(page.router())
 

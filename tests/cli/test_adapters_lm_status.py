@@ -14,7 +14,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from hotstep_ray.cli import adapters_cmd, common
+from hotstep_ray.cli import common
 from hotstep_ray.cli.adapters_cmd import app
 from hotstep_ray.core.jobs import Job, heartbeat_key
 from hotstep_ray.core.storage import Storage
@@ -105,14 +105,15 @@ def test_adapters_list_shows_each_lm_runs_state(tmp_path, monkeypatch) -> None:
 
 
 def test_the_cli_names_the_lm_trainers_files_as_it_writes_them() -> None:
-    """The CLI spells the trainer's file names (importing it would load torch)."""
+    """The adapters list spells the trainer's file names (importing it would load torch)."""
+    from hotstep_ray.studio import adapter_runs
     from hotstep_ray.training import checkpoint, lm_save
 
-    assert adapters_cmd.LM_LOG_FILE == lm_save.LOG_FILE
-    assert adapters_cmd.LM_CHECKPOINT_MANIFEST == f"{lm_save.CHECKPOINT_DIR}/{checkpoint.MANIFEST}"
+    assert adapter_runs.LM_LOG_FILE == lm_save.LOG_FILE
+    assert adapter_runs.LM_CHECKPOINT_MANIFEST == f"{lm_save.CHECKPOINT_DIR}/{checkpoint.MANIFEST}"
     assert (
         lm_save.checkpoint_key("r") + "/" + checkpoint.MANIFEST
-        == f"r/{adapters_cmd.LM_CHECKPOINT_MANIFEST}"
+        == f"r/{adapter_runs.LM_CHECKPOINT_MANIFEST}"
     )
 
 

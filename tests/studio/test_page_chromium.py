@@ -91,6 +91,14 @@ def test_the_page_drives_the_studio(chromium, studio_pipeline, rendered_songs, t
 
         shots = [page.screenshot(tmp_path / "studio-training.png")]
 
+        # -- the adapter the pipeline trained, with its run's state
+        rows = page.wait_for(
+            "(() => { const r = [...document.querySelectorAll('#adapters tbody tr')];"
+            " return r.length && r.map(x => [x.dataset.id, x.lastChild.textContent]); })()"
+        )
+        ((adapter, state),) = rows  # the pipeline trains one: its DiT
+        assert adapter.startswith(f"dit-turbo/{pipeline.dataset['slug']}/") and state == "finished"
+
         # -- a dataset created from the form is listed, with its warning
         page.evaluate(
             f"document.getElementById('create-source').value = {_js(str(more))};"

@@ -340,7 +340,7 @@ def test_ray_train_job_survives_a_worker_failure(ray_session, tiny):
 
 def test_the_checkpoint_names_the_job_that_trains_the_run(tiny):
     """`adapters list` tells a live LM run from a killed one by the job its checkpoint names."""
-    from hotstep_ray.cli.adapters_cmd import read_lm_progress
+    from hotstep_ray.studio.adapter_runs import read_lm_progress
 
     folder, storage = tiny
     spec = make_spec(folder, "adapters/lm-06b/band/live", epochs=2).model_copy(

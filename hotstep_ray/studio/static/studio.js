@@ -399,6 +399,7 @@ function renderMake(view) {
 async function showMakeResult(view) {
   await refreshJobs().catch(() => {});
   await refreshDatasets().catch(() => {});
+  await refreshAdapters().catch(() => {});
   if (view.status !== "done" || state.make.jobId !== view.id) return;
   let result;
   try {
@@ -640,6 +641,7 @@ $("job-cancel").addEventListener("click", async () => {
 
 async function onJobEnd(view) {
   await refreshJobs().catch(() => {});
+  await refreshAdapters().catch(() => {});
   if (state.detail && view.job.datasetId === state.detail.id) {
     await showDataset(state.detail.slug).catch(() => {});
   }
@@ -749,10 +751,41 @@ async function loadAudio(player, url, urls = state.audioUrls) {
   }
 }
 
+// -- adapters --------------------------------------------------------------------------------
+// Every trained run (`GET /adapters`, as `hotstep-ray adapters list`): the adapter, its base
+// model, format, size, trigger, when it was trained and the run's state.
+async function refreshAdapters() {
+  const { adapters } = await api(`${API}/adapters`);
+  $("adapters").tBodies[0].replaceChildren(
+    ...adapters.map((a) => {
+      const trigger = a.trigger && a.trigger.word ? a.trigger.word : "–";
+      const size = !a.sizeBytes
+        ? "–"
+        : a.sizeBytes < 1e6
+          ? `${(a.sizeBytes / 1e3).toFixed(1)} kB`
+          : `${(a.sizeBytes / 1e6).toFixed(1)} MB`;
+      const state = a.status || "unknown";
+      return el(
+        "tr",
+        { "data-id": a.id },
+        el("td", { text: a.id }),
+        el("td", { text: `${a.kind.toUpperCase()} ${a.base || "?"}` }),
+        el("td", { text: a.format }),
+        el("td", { text: size }),
+        el("td", { text: trigger }),
+        el("td", { text: a.trainedAt ? a.trainedAt.replace("T", " ") : "–" }),
+        el("td", {}, el("span", { class: `pill ${state}`, text: a.statusDetail || state })),
+      );
+    }),
+  );
+  $("adapters-empty").hidden = adapters.length > 0;
+}
+
 // -- start -----------------------------------------------------------------------------------
 async function refreshAll() {
   await refreshDatasets();
   await refreshJobs();
+  await refreshAdapters();
 }
 
 async function start() {
