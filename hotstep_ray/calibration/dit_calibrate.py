@@ -57,8 +57,8 @@ class DitCalibrationConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     scales: tuple[float, ...] = grid.DEFAULT_SCALES
-    seeds: int = Field(default=4, ge=1, le=512)  # renders per grid point
-    base_seed: int = Field(default=1234, ge=0, le=2**62)
+    seeds: int = Field(default=grid.DEFAULT_SEEDS, ge=1, le=512)
+    base_seed: int = Field(default=grid.DEFAULT_BASE_SEED, ge=0, le=2**62)
     duration_s: float = Field(default=10.0, ge=1.0, le=600.0)  # seconds per render
     steps: int | None = Field(default=None, ge=1, le=200)  # turbo: 8 (fixed); base/sft: 30
     guidance_scale: float = Field(default=7.0, ge=0.0, le=20.0)  # base/sft only

@@ -21,6 +21,8 @@ from hotstep_ray.core.errors import InputError
 
 BASE = "base"
 DEFAULT_SCALES: tuple[float, ...] = (0.5, 0.75, 1.0, 1.25)
+DEFAULT_SEEDS = 4  # generations (LM) or renders (DiT) per grid point
+DEFAULT_BASE_SEED = 1234  # the seed of generation 0; then +1 each
 MAX_SCALE = 2.0  # the audition API's lm_adapter_scale / dit_adapter_scale ceiling
 
 

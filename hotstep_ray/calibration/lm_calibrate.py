@@ -70,8 +70,8 @@ class LmCalibrationConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     scales: tuple[float, ...] = grid.DEFAULT_SCALES
-    seeds: int = Field(default=4, ge=1, le=512)  # generations per grid point
-    base_seed: int = Field(default=1234, ge=0, le=2**62)
+    seeds: int = Field(default=grid.DEFAULT_SEEDS, ge=1, le=512)
+    base_seed: int = Field(default=grid.DEFAULT_BASE_SEED, ge=0, le=2**62)
     duration_s: float | None = Field(default=None, ge=1.0, le=600.0)  # None: the LM plans it
     sampling: LmSampling = Field(default_factory=LmSampling)
     memorisation_limit_codes: int = Field(default=metrics.MEMORISATION_LIMIT_CODES, ge=1)

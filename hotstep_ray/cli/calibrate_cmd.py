@@ -58,10 +58,16 @@ def run(
         ",".join(f"{scale:g}" for scale in grid.DEFAULT_SCALES),
         help="Adapter scales to try, in (0, 2].",
     ),
-    seeds: int = typer.Option(4, help="Generations per grid point (prompts cycle the songs)."),
-    base_seed: int = typer.Option(1234, help="Seed of generation 0 (then +1 each)."),
+    seeds: int = typer.Option(
+        grid.DEFAULT_SEEDS, help="Generations per grid point (prompts cycle the songs)."
+    ),
+    base_seed: int = typer.Option(
+        grid.DEFAULT_BASE_SEED, help="Seed of generation 0 (then +1 each)."
+    ),
     duration: float = typer.Option(
-        0.0, help="Seconds per generation; LM 0 = the LM plans it (length guard), DiT 0 = 10."
+        0.0,
+        help="Seconds per generation; 0 = the kind's default (LM: the LM plans it, within the "
+        "length guard; DiT: a fixed render length).",
     ),
     temperature: float = typer.Option(
         _SAMPLING["temperature"].default, help="LM sampling temperature (0 = greedy)."
@@ -133,8 +139,9 @@ def run(
                 storage, run_key, config=config, lm=model or None, events=job.events, **common
             )
         else:
+            given = {"duration_s": duration} if duration else {}  # else the config's default
             config_dit = DitCalibrationConfig(
-                scales=parsed, seeds=seeds, base_seed=base_seed, duration_s=duration or 10.0
+                scales=parsed, seeds=seeds, base_seed=base_seed, **given
             )
             outcome = calibrate_dit(
                 storage, run_key, config=config_dit, tensors=tensors, dit=model or None,
