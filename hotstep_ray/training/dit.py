@@ -114,7 +114,6 @@ class DitRun:
     events: EventLog | None = None
     state: TrainState = field(default_factory=TrainState)
     pending_best: dit_export.PendingBest | None = None  # a best adapter not yet exported
-    best_buffers: dict[str, torch.Tensor] | None = None  # host memory each held best reuses
     checkpoint_hook: Callable[[DitRun], None] | None = None
     holdout: Any = None  # holdout.HoldoutEval when songs are held out
     params: list[torch.nn.Parameter] = field(default_factory=list)  # the trainable adapter
@@ -496,10 +495,7 @@ def end_epoch(run: DitRun) -> None:
         interval_s = run.settings.export_interval_s
         chosen = dit_export.epoch_export(state, target, loss, ma5, interval_s, moved)
         if chosen == "hold":
-            run.pending_best = dit_export.hold_best(
-                run.transformer, state.epoch, ma5, run.best_buffers
-            )
-            run.best_buffers = run.pending_best.state
+            run.pending_best = dit_export.hold_best(run.transformer, state.epoch, ma5)
         elif chosen:
             save(run, chosen)
     if decision.stop:

@@ -78,33 +78,14 @@ def export_adapter(
 class PendingBest:
     """A best adapter not exported yet (the export interval had not passed)."""
 
-    state: dict[str, torch.Tensor]  # canonical adapter state in host memory (pinned on CUDA)
+    state: dict[str, torch.Tensor]  # canonical adapter state, on the CPU
     epoch: int
     ma5: float
 
 
-def hold_best(
-    transformer: torch.nn.Module,
-    epoch: int,
-    ma5: float,
-    buffers: dict[str, torch.Tensor] | None = None,
-) -> PendingBest:
-    """The adapter as it is now, copied into host `buffers` (the last held best's; new ones, pinned
-    on CUDA, when there are none) without waiting: a best can come every epoch, and a blocking
-    copy of a real-size adapter (hundreds of MB) into fresh pageable memory costs tens of ms each
-    time. The copy runs in the stream's order, so the steps after it cannot change what it reads,
-    and copying the buffers back onto the GPU (`dit.finish`) comes after it; reading them on the
-    host would need a synchronize first."""
-    live = adapters.adapter_parameters(transformer)
-    if buffers is None or buffers.keys() != live.keys():
-        buffers = {
-            key: torch.empty(p.shape, dtype=p.dtype, pin_memory=p.is_cuda)
-            for key, p in live.items()
-        }
-    with torch.no_grad():
-        for key, p in live.items():
-            buffers[key].copy_(p, non_blocking=True)
-    return PendingBest(buffers, epoch, ma5)
+def hold_best(transformer: torch.nn.Module, epoch: int, ma5: float) -> PendingBest:
+    state = {k: v.cpu() for k, v in adapters.adapter_state_dict(transformer).items()}
+    return PendingBest(state, epoch, ma5)
 
 
 def epoch_export(
