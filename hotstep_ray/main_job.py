@@ -868,6 +868,8 @@ def audition_stage(
 ) -> AbReport:
     """A/B the base LM against the new adapter (same seed) on the audition app (started now
     unless it already was), and check that the base side equals a plain adapterless /lm call."""
+    from hotstep_ray.audition.ab import PreviewStore  # torch-side: not at start-up
+
     sample = next((s for s in detail.samples if s.caption and s.bpm), None)
     metas: dict[str, Any] = {"timesignature": "4"}  # pinned metas: the LM plans no CoT
     caption = "a short instrumental"
@@ -888,8 +890,6 @@ def audition_stage(
         raise RuntimeError(f"the LM trained on {lm_run.base_model}, the app serves {app.lm_folder}")
     url, token = app.open()
     ab = _post(url, "/audition", ab_body, token)
-    from hotstep_ray.audition.ab import PreviewStore
-
     # as the studio's audition job labels its previews: `GET /previews?datasetId=` finds it
     PreviewStore(storage).label(
         ab["previewId"], datasetId=detail.id, slug=detail.slug, engine="lm", kind="ab"

@@ -301,9 +301,10 @@ class CheckpointCadence(Options):
     """How often a trainer writes its resumable checkpoint (what a killed run continues from), at
     epoch ends: after the first epoch, then whenever `checkpoint_every_s` seconds (wall clock)
     have passed since the last one (0 = every epoch), every `checkpoint_every_epochs` epochs
-    (0 = off), and at the end. An adapter, its optimizer moments and the kept best take a
-    second or more to write at real size, so every epoch would cost more than it saves. The
-    cadence does not change the adapter: a resumed run takes the one given now."""
+    (0 = off), and at the end. A checkpoint at every epoch makes short epochs wait on writing
+    the adapter, its optimizer moments and the kept best (and, on Ray, on a report, which waits
+    for Ray Train's next poll). The cadence does not change the adapter: a resumed run takes the
+    one given now."""
 
     checkpoint_every_s: float = Field(
         default=300.0,
