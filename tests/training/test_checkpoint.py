@@ -140,14 +140,17 @@ def test_the_lm_checkpoints_on_the_cadence_not_every_epoch():
     from hotstep_ray.training import lm
 
     due = lm.checkpoint_cadence(TrainLmOptions(checkpoint_every_s=300, checkpoint_every_epochs=3))
-    state = lm.LmTrainState.__new__(lm.LmTrainState)
+    state = lm.LmTrainState()
     asked = []
     for epoch in range(1, 8):
         state.epoch, state.stop_reason = epoch, "epochs" if epoch == 7 else ""
         asked.append(due(state))
     assert asked == [True, False, True, False, False, True, True]
+    state.stop_reason = ""  # not finished: only the clock can make these due
     every = lm.checkpoint_cadence(TrainLmOptions(checkpoint_every_s=0))
     assert all(every(state) for _ in range(3))  # 0 s: every epoch
+    hourly = lm.checkpoint_cadence(TrainLmOptions(checkpoint_every_s=3600))
+    assert [hourly(state) for _ in range(3)] == [True, False, False]  # the first, then the clock
 
 
 def test_checkpoint_due_counts_seconds_from_the_last_one():
