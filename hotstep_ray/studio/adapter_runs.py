@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from hotstep_ray.core import layout
-from hotstep_ray.core.errors import HotstepError
+from hotstep_ray.core.errors import HotstepError, InputError
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.training.warm_start import (  # written once, when the run stops
     LM_LOG_FILE,
@@ -191,9 +191,7 @@ def unexported_lm_runs(storage: Storage) -> list[AdapterEntry]:
 
 def router(studio: Studio) -> APIRouter:
     """`GET /adapters[?kind=lm|dit]`: `{"adapters": [...]}`, each as `adapters list --json`."""
-    from fastapi import APIRouter, Query
-
-    from hotstep_ray.core.errors import InputError
+    from fastapi import APIRouter, Query  # here: `adapters list` imports this module too
 
     api = APIRouter()
 
