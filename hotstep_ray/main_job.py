@@ -131,7 +131,7 @@ class MainJobConfig:
     ray_address: str | None = None  # None: $RAY_ADDRESS or a new local Ray
     checkpoints: str | None = None  # real ACE-Step 1.5 weights; None: the tiny tree
     epochs: int | None = None  # both trainers; None: the recipe's
-    ray_train: bool = True  # train on Ray Train (one worker each); False: in this process
+    ray_train: bool = True  # preprocess on Ray Data, train on Ray Train; False: in this process
     train: bool = True  # False: stop after preprocessing
     audition: bool = True  # False: no Serve app, no A/B
     retrain: bool = False  # train new adapter runs even when nothing they depend on changed
@@ -392,7 +392,7 @@ def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> Ma
             checkpoints, recipe, tiny = checkpoints_stage(job, storage, config)
             row.note("tiny tree (CPU)" if tiny else "real weights", str(checkpoints))
         with _stage(job, reports, "preprocess", clock) as row:
-            pre = preprocess_stage(job, storage, detail, checkpoints, recipe)
+            pre = preprocess_stage(job, storage, detail, checkpoints, recipe, config.ray_train)
             counts = f"{pre.processed} encoded, {pre.cached} cached, {pre.failed} failed"
             row.note(counts, pre.tensor_dir)
         if config.train:
@@ -411,22 +411,24 @@ def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> Ma
 
                 return stage
 
-            # Neither trainer needs the other's adapter. On Ray each trains in worker processes
-            # of its own (on one GPU, each asks for the share of it its memory takes), so they
-            # run side by side; in this process they would contend for the interpreter and
-            # torch's threads, so they run one after the other.
+            # Neither trainer needs the other's adapter, so they run side by side: on Ray each in
+            # worker processes of its own (on one GPU, each asks for the share of it its memory
+            # takes); in this process on threads of their own when they train on a GPU, where a
+            # step is kernels queued to the device and the interpreter mostly waits. On the CPU
+            # two threads would contend for the cores torch's kernels use, so one after the other.
+            side_by_side = config.ray_train or _trains_on_gpu(recipe)
             stages = (trainer("train-dit", train_dit_stage), trainer("train-lm", train_lm_stage))
             with contextlib.ExitStack() as serving:
                 app = None
                 if config.audition:
                     lm_dir = _lm_dir(checkpoints, recipe)
                     app = _AuditionApp(serving, job, checkpoints, storage.url, lm_dir, recipe)
-                # On Ray the app's replicas load the base LM and the decoder (and capture their
-                # graphs) while the adapters train; the A/B then only asks.
-                early = app.start if app is not None and config.ray_train else None
-                if early is not None:
+                # The app's replicas load the base LM and the decoder (and capture their graphs)
+                # while the adapters train; the A/B then only asks.
+                early = app.start if app is not None and side_by_side else None
+                if side_by_side:
                     _import_for_threads()
-                dit_run, lm_run = _side_by_side(stages, config.ray_train, meanwhile=early)
+                dit_run, lm_run = _side_by_side(stages, side_by_side, meanwhile=early)
                 if app is not None:
                     with _stage(job, reports, "audition", clock) as row:
                         ab = audition_stage(job, storage, detail, lm_run, recipe, app)
@@ -695,26 +697,43 @@ def _on_other_nodes(fn: Callable[..., Any], *args: Any) -> None:
 
 
 def preprocess_stage(
-    job: Job, storage: Storage, detail: DatasetDetail, checkpoints: Path, recipe: Recipe
+    job: Job,
+    storage: Storage,
+    detail: DatasetDetail,
+    checkpoints: Path,
+    recipe: Recipe,
+    on_ray: bool = True,
 ) -> PreprocessResult:
-    """The tensor cache on Ray Data, as its own `preprocess` job; cached samples are skipped."""
+    """The tensor cache, as its own `preprocess` job, on Ray Data or (`on_ray` False) in this
+    process, where the encoder's models load without a worker process to start; cached
+    samples are skipped."""
     from hotstep_ray.preprocess.run import preprocess_dataset
 
-    with (
-        _sub_job(job, "preprocess", follow=False) as sub,
-        # first: importing ray.data (re)configures its loggers, which `_quiet` then adjusts
-        _data_context(max_tasks_in_flight_per_actor=recipe.encoder_tasks_in_flight),
-        _quiet("ray.data"),
-    ):
-        return preprocess_dataset(
-            storage,
-            detail.slug,
-            recipe.preprocess,
-            checkpoints,
-            "ray",
-            sub.events,
-            ray_config=recipe.pipeline,
-        )
+    with _sub_job(job, "preprocess", follow=False) as sub:
+        if not on_ray:
+            return preprocess_dataset(
+                storage,
+                detail.slug,
+                recipe.preprocess,
+                checkpoints,
+                "local",
+                sub.events,
+                device=recipe.device,
+            )
+        with (
+            # first: importing ray.data (re)configures its loggers, which `_quiet` then adjusts
+            _data_context(max_tasks_in_flight_per_actor=recipe.encoder_tasks_in_flight),
+            _quiet("ray.data"),
+        ):
+            return preprocess_dataset(
+                storage,
+                detail.slug,
+                recipe.preprocess,
+                checkpoints,
+                "ray",
+                sub.events,
+                ray_config=recipe.pipeline,
+            )
 
 
 def train_dit_stage(
@@ -1010,6 +1029,15 @@ def _side_by_side(
             meanwhile()
         wait(futures)
     return [future.result() for future in futures]
+
+
+def _trains_on_gpu(recipe: Recipe) -> bool:
+    """Whether the in-process trainers run on a GPU (`recipe.device`; None: CUDA if present)."""
+    if recipe.device is not None:
+        return recipe.device.startswith("cuda")
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _epochs_run(run: TrainedAdapter, how: str) -> tuple[list[float], list[float]]:

@@ -80,7 +80,10 @@ _EPOCHS = typer.Option(
     None, min=1, help="Epochs of both trainers (default: 8 DiT / 4 LM tiny; contract's real)."
 )
 _RAY_TRAIN = typer.Option(
-    True, "--ray-train/--no-ray-train", help="Train on Ray Train (1 worker) or in-process."
+    True,
+    "--ray-train/--no-ray-train",
+    help="Preprocess on Ray Data and train on Ray Train (1 worker each), or all in this process "
+    "(the two trainers side by side on a GPU).",
 )
 _SKIP_TRAIN = typer.Option(False, "--skip-train", help="Stop after preprocessing.")
 _SKIP_AUDITION = typer.Option(False, "--skip-audition", help="Train, but start no audition app.")

@@ -231,7 +231,10 @@ class StepGraphs:
         torch.cuda.empty_cache()
         reserved = torch.cuda.memory_reserved(self.device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: another thread of this process may queue its own work meanwhile (the
+        # in-process main job trains the LM beside the DiT); only this thread's calls must not
+        # touch the capture.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             outputs = body(static)
         self.pool_bytes += max(0, torch.cuda.memory_reserved(self.device) - reserved)
         self.step_bytes = max(self.step_bytes, self.pool_bytes)
