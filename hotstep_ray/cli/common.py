@@ -291,12 +291,17 @@ def calibration_overrides(scales: Any, seeds: Any, duration_s: Any) -> dict[str,
 
 
 def contract_parameters(
-    contract: type[BaseModel], skip: Container[str] = (), flags: Mapping[str, str] | None = None
+    contract: type[BaseModel],
+    skip: Container[str] = (),
+    flags: Mapping[str, str] | None = None,
+    shown_defaults: Mapping[str, str] | None = None,
 ) -> list[inspect.Parameter]:
     """One keyword option per field of `contract` (`--x/--no-x` for booleans; a Literal shows its
     choices), each defaulting to None = not given, so the contract's own default applies and is
     written only there; --help shows it after the field's description. `flags` names a field's
-    flag where it is not the field's name (`{"max_duration_s": "--max-duration"}`)."""
+    flag where it is not the field's name (`{"max_duration_s": "--max-duration"}`);
+    `shown_defaults` says in words what a field's default resolves to where the default itself
+    (None) would not tell a reader (`{"alpha": "by adapter (lokr 64, lora 32)"}`)."""
     params = []
     for name, field in contract.model_fields.items():
         if name in skip:
@@ -304,6 +309,7 @@ def contract_parameters(
         flag = (flags or {}).get(name) or "--" + name.replace("_", "-")
         default = field.get_default(call_default_factory=True)
         shown = ",".join(map(str, default)) if isinstance(default, list) else default
+        shown = (shown_defaults or {}).get(name, shown)
         help_text = f"{field.description} " if field.description else ""
         help_text += f"Default: {shown!r}." if shown == "" else f"Default: {shown}."
         annotation: Any = field.annotation
@@ -316,9 +322,9 @@ def contract_parameters(
             option = typer.Option(None, flag, help=help_text, metavar=f"<{choices}>")
             annotation = str
         else:
-            option = typer.Option(None, flag, help=help_text)
-            if annotation not in (int, float, str):
-                annotation = str  # pydantic converts and validates the text
+            # text, which pydantic converts and checks: a bad number is one `error:` line too
+            option = typer.Option(None, flag, help=help_text, metavar=_metavar(annotation))
+            annotation = str
         params.append(
             inspect.Parameter(
                 name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation | None
@@ -327,18 +333,28 @@ def contract_parameters(
     return params
 
 
+def _metavar(annotation: Any) -> str:
+    """`<int>`, `<float>` or `<text>`: what a field takes, `X | None` read as X."""
+    kinds = [arg for arg in get_args(annotation) if arg is not type(None)] or [annotation]
+    names = {int: "int", float: "float"}
+    return f"<{names.get(kinds[0], 'text')}>" if len(kinds) == 1 else "<text>"
+
+
 def with_contract_options(
-    contract: type[BaseModel], skip: Container[str] = (), flags: Mapping[str, str] | None = None
+    contract: type[BaseModel],
+    skip: Container[str] = (),
+    flags: Mapping[str, str] | None = None,
+    shown_defaults: Mapping[str, str] | None = None,
 ) -> Callable[[F], F]:
     """Decorator: `func(own options..., **values)` gets a signature typer reads, its own
-    parameters followed by `contract_parameters(contract, skip, flags)`; `given(values)` then
-    holds the options the command line set, by field name."""
+    parameters followed by `contract_parameters(contract, skip, flags, shown_defaults)`;
+    `given(values)` then holds the options the command line set, by field name."""
 
     def decorate(func: F) -> F:
         signature = inspect.signature(func)
         own = [p for p in signature.parameters.values() if p.kind != inspect.Parameter.VAR_KEYWORD]
         func.__signature__ = signature.replace(  # type: ignore[attr-defined]
-            parameters=own + contract_parameters(contract, skip, flags)
+            parameters=own + contract_parameters(contract, skip, flags, shown_defaults)
         )
         return func
 

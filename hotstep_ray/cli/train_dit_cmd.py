@@ -29,7 +29,6 @@ Under `--ray` rank 0's events are followed from storage, so the epoch lines prin
 
 from __future__ import annotations
 
-import inspect
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +43,7 @@ from hotstep_ray.cli.common import (
     handle_errors,
     print_eval,
     print_json,
+    with_contract_options,
 )
 from hotstep_ray.core import layout
 from hotstep_ray.core.compile_cache import use_compile_cache
@@ -96,31 +96,13 @@ def _console_sink(event) -> None:
         console.print(f"  [green]milestone[/] {event.path}", highlight=False)
 
 
-def _contract_parameters() -> list[inspect.Parameter]:
-    """One keyword option per `TrainDitOptions` field: `--x/--no-x` for booleans, text for the
-    rest (pydantic converts and validates it)."""
-    params = []
-    for name, field in TrainDitOptions.model_fields.items():
-        if name in _EXPLICIT:
-            continue
-        flag = "--" + name.replace("_", "-")
-        default = field.default_factory() if field.default_factory else field.default
-        shown = ",".join(default) if isinstance(default, list) else default
-        if default is None and hasattr(TrainDitOptions, f"effective_{name}"):
-            shown = "by adapter (" + _by_adapter(f"effective_{name}") + ")"
-        help_text = (f"{field.description} " if field.description else "") + f"Default: {shown}."
-        if field.annotation is bool:
-            option = typer.Option(None, f"{flag}/--no-{flag[2:]}", help=help_text)
-            annotation: Any = bool | None
-        else:
-            option = typer.Option(None, flag, help=help_text)
-            annotation = str | None
-        params.append(
-            inspect.Parameter(
-                name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation
-            )
-        )
-    return params
+def _shown_defaults() -> dict[str, str]:
+    """The fields whose unset default resolves by adapter type (`effective_<name>`), in words."""
+    return {
+        name: f"by adapter ({_by_adapter(f'effective_{name}')})"
+        for name, field in TrainDitOptions.model_fields.items()
+        if field.default is None and hasattr(TrainDitOptions, f"effective_{name}")
+    }
 
 
 def _by_adapter(prop: str) -> str:
@@ -400,12 +382,6 @@ def _offer_to_continue(
     )
 
 
-def _with_contract_options(func):
-    """Give `func` a signature typer can read: its own parameters + the contract's."""
-    signature = inspect.signature(func)
-    own = [p for p in signature.parameters.values() if p.kind != inspect.Parameter.VAR_KEYWORD]
-    func.__signature__ = signature.replace(parameters=own + _contract_parameters())
-    return func
-
-
-run = app.command("run")(handle_errors(_with_contract_options(_run)))
+run = app.command("run")(
+    handle_errors(with_contract_options(TrainDitOptions, _EXPLICIT, None, _shown_defaults())(_run))
+)
