@@ -222,7 +222,7 @@ def run_config(
     counters.clear()
     if compiled:
         lm_loss.compile_layers(model.model.layers, mode, backend=backend)
-    module = lm_loss.LmLossModule(model, lm_loss.DEFAULT_CE_CHUNK)
+    module = lm_loss.LmLossModule(model, lm_vram.DEFAULT_CE_CHUNK)
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in trainable]
     optimizer = build_optimizer(trainable, kind=optimizer_kind, lr=1e-5)

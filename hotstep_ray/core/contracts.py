@@ -405,6 +405,8 @@ class TrainLmOptions(CheckpointCadence):
 # `calibration.lm_calibrate.LmCalibrationConfig` take their defaults from these names.
 LmCompileMode = Literal["auto", "off", "default", "reduce-overhead"]
 LM_COMPILE_DEFAULT: LmCompileMode = "auto"  # LmEngine.compile (each mode: training.lm_setup)
+# LmEngine.batching: one song a micro-batch, songs of like length together, or packed into rows
+LmBatching = Literal["single", "bucket", "pack"]
 LM_ACTIVATION_BUDGET_DEFAULT = 0.8  # LmEngine.activation_budget: share of activations kept
 LM_CALIBRATION_MAX_BATCH_DEFAULT = 4  # LmCalibrationConfig.max_batch: requests decoded together
 

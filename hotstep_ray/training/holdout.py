@@ -45,7 +45,7 @@ from torch import nn
 
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog, MetricEvent
-from hotstep_ray.training import dit_data, dit_loss, lm_loss
+from hotstep_ray.training import dit_data, dit_loss, lm_loss, lm_vram
 from hotstep_ray.training.dit_data import TensorCache
 from hotstep_ray.training.lm_data import LmExample, LmSong, collate
 
@@ -168,7 +168,7 @@ def _autocast(device: torch.device) -> contextlib.AbstractContextManager:
 
 def lm_song_losses(examples: Sequence[LmExample], ce_chunk: int | None = None) -> SongLosses:
     """Mean CE of each held-out LM example through the trainer's loss module."""
-    chunk = ce_chunk or lm_loss.DEFAULT_CE_CHUNK
+    chunk = ce_chunk or lm_vram.DEFAULT_CE_CHUNK
 
     def losses(model: nn.Module) -> list[float]:
         device = next(model.parameters()).device

@@ -39,6 +39,7 @@ import torch
 from transformers import LogitsProcessor, PreTrainedTokenizerBase
 
 from hotstep_ray.core import layout
+from hotstep_ray.core.contracts import LmBatching
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.models import lm_tokenizer, prompts
 
@@ -64,7 +65,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "tag_position": ("tag_position",),
     "trigger_applied": ("trigger_applied", "caption_tagged"),
 }
-Batching = Literal["single", "bucket", "pack"]
+Batching = LmBatching
 IGNORE = -100
 
 

@@ -37,8 +37,8 @@ from torch.utils.checkpoint import checkpoint
 
 from hotstep_ray.training import compiling
 from hotstep_ray.training.lm_data import MicroBatch
+from hotstep_ray.training.lm_vram import DEFAULT_CE_CHUNK
 
-DEFAULT_CE_CHUNK = 512  # target rows per head chunk: 512 x 217,204 logits = 0.67 GB (bf16 + fp32)
 VARLEN_ATTENTION = "hotstep_varlen"
 ATTENTIONS = ("sdpa", "varlen", "flex_attention", "eager")
 

@@ -27,13 +27,12 @@ from hotstep_ray.core import layout
 from hotstep_ray.core.contracts import (
     LM_ACTIVATION_BUDGET_DEFAULT,
     LM_COMPILE_DEFAULT,
+    LmBatching,
     LmCompileMode,
     TrainLmOptions,
 )
 from hotstep_ray.core.errors import InputError
-from hotstep_ray.models import lm_tokenizer
-from hotstep_ray.training import lm_data as data
-from hotstep_ray.training import lm_loss, lm_vram
+from hotstep_ray.training import lm_vram
 
 CompileMode = LmCompileMode  # the modes live in core.contracts with their default
 
@@ -44,7 +43,7 @@ class LmEngine(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     device: str = ""  # "" = cuda when present, else cpu
-    batching: data.Batching = "single"  # single | bucket (options.batch songs) | pack
+    batching: LmBatching = "single"  # single | bucket (options.batch songs) | pack
     pack_tokens: int = Field(default=0, ge=0)  # row capacity when packing; 0 = 8192 or longest
     # Round row widths up to a multiple of this (fewer compiled shapes); 0 = when the layers are
     # compiled, the multiple of 64-512 that minimises compiles + padding over the run's epochs
@@ -52,7 +51,7 @@ class LmEngine(BaseModel):
     # them.
     pad_multiple: int = Field(default=0, ge=0)
     checkpointing: str = "auto"  # auto | none | full | <layers>
-    ce_chunk: int = Field(default=lm_loss.DEFAULT_CE_CHUNK, ge=1)
+    ce_chunk: int = Field(default=lm_vram.DEFAULT_CE_CHUNK, ge=1)
     attention: str = "sdpa"  # sdpa | varlen | flex_attention | eager
     # torch.compile of each decoder layer (`compile_mode`): auto = reduce-overhead (Inductor +
     # CUDA graphs) on one CUDA GPU when no layer is checkpointed, default when some are or under
@@ -156,6 +155,8 @@ def lm_size_of(dims: lm_vram.LmDims, requested: str, explicit: bool = True) -> s
 
 @functools.lru_cache(maxsize=4)
 def _tokenizer(folder: str, stamp: float) -> Any:
+    from hotstep_ray.models import lm_tokenizer  # tokenizers + transformers: only when loading
+
     return lm_tokenizer.load_tokenizer(folder)
 
 

@@ -35,6 +35,9 @@ KNOWN_SIZES: dict[tuple[int, int], str] = {(1024, 28): "0.6B", (2048, 28): "1.7B
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "muon": 4}  # per adapter parameter (fp32 moments / momentum)
 
+# Target rows per head chunk of the loss (`lm_loss`): 512 x 217,204 logits = 0.67 GB (bf16 + fp32).
+DEFAULT_CE_CHUNK = 512
+
 
 @dataclass(frozen=True)
 class LmDims:
@@ -168,7 +171,7 @@ def estimate_vram(
     checkpointed_layers: int = 0,
     adapter_parameters: int = 0,
     targets: int | None = None,
-    ce_chunk: int = 512,
+    ce_chunk: int = DEFAULT_CE_CHUNK,
     optimizer: str = "muon",
     weight_bytes: int = 2,
     activation_bytes: int = 2,
