@@ -38,14 +38,29 @@ class Metas(Options):
 
 
 class LmSampling(Options):
-    temperature: float = Field(default=0.85, ge=0.0, le=2.0)  # 0 = greedy
-    top_p: float = Field(default=0.9, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0, le=64000)
-    cfg_scale: float = Field(default=2.0, ge=0.0, le=10.0)  # <= 1: no CFG
-    rep_penalty: float = Field(default=1.0, ge=1.0, le=2.0)
-    rep_window: int = Field(default=64, ge=1, le=1024)
-    negative_prompt: str = Field(default="NO USER INPUT", max_length=4000)
-    max_cot_tokens: int = Field(default=384, ge=16, le=2048)
+    temperature: float = Field(
+        default=0.85, ge=0.0, le=2.0, description="LM sampling temperature (0 = greedy)."
+    )
+    top_p: float = Field(default=0.9, gt=0.0, le=1.0, description="LM nucleus sampling.")
+    top_k: int = Field(default=0, ge=0, le=64000, description="LM top-k (0 = off).")
+    cfg_scale: float = Field(
+        default=2.0, ge=0.0, le=10.0, description="LM classifier-free guidance (<= 1: off)."
+    )
+    rep_penalty: float = Field(
+        default=1.0,
+        ge=1.0,
+        le=2.0,
+        description="Repetition penalty over the last rep-window tokens (1 = off).",
+    )
+    rep_window: int = Field(
+        default=64, ge=1, le=1024, description="Tokens the repetition penalty looks back over."
+    )
+    negative_prompt: str = Field(
+        default="NO USER INPUT", max_length=4000, description="The CFG's negative caption."
+    )
+    max_cot_tokens: int = Field(
+        default=384, ge=16, le=2048, description="Token limit of the LM's planning (metas) phase."
+    )
 
 
 class LmRequest(Metas, LmSampling):

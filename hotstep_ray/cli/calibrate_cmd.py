@@ -14,18 +14,22 @@ from typing import Any
 
 import typer
 
-from hotstep_ray.audition.schemas import LmSampling
-from hotstep_ray.calibration import grid
+from hotstep_ray.calibration.options import CalibrateOptions
 from hotstep_ray.calibration.ray_calibrate import make_runner
 from hotstep_ray.calibration.runs import resolve_run_key, run_kind
-from hotstep_ray.cli.common import EXIT_FAILURE, console, handle_errors, print_json
-from hotstep_ray.core.contracts import LM_CALIBRATION_MAX_BATCH_DEFAULT
+from hotstep_ray.cli.common import (
+    EXIT_FAILURE,
+    console,
+    given,
+    handle_errors,
+    print_json,
+    with_contract_options,
+)
 from hotstep_ray.core.events import LogEvent, MetricEvent
 from hotstep_ray.core.jobs import Job
 from hotstep_ray.core.storage import Storage
 
 app = typer.Typer(help="Calibrate adapters: best milestone x scale, baked.", no_args_is_help=True)
-_SAMPLING = LmSampling.model_fields  # the LM sampling defaults the options show
 
 
 @app.callback()
@@ -48,61 +52,24 @@ def _print_event(event: Any) -> None:
         )
 
 
-@app.command("run")
-@handle_errors
-def run(
+@with_contract_options(CalibrateOptions, flags={"duration_s": "--duration"})
+def _run(
     run_dir: str = typer.Argument(..., help="Run folder: storage key or local path in --data."),
     data: str = typer.Option("./data", help="Storage root: a folder or s3://bucket/prefix."),
     checkpoints: str = typer.Option(..., help="ACE-Step checkpoints folder."),
-    scales: str = typer.Option(
-        ",".join(f"{scale:g}" for scale in grid.DEFAULT_SCALES),
-        help="Adapter scales to try, in (0, 2].",
-    ),
-    seeds: int = typer.Option(
-        grid.DEFAULT_SEEDS, help="Generations per grid point (prompts cycle the songs)."
-    ),
-    base_seed: int = typer.Option(
-        grid.DEFAULT_BASE_SEED, help="Seed of generation 0 (then +1 each)."
-    ),
-    duration: float = typer.Option(
-        0.0,
-        help="Seconds per generation; 0 = the kind's default (LM: the LM plans it, within the "
-        "length guard; DiT: a fixed render length).",
-    ),
-    temperature: float = typer.Option(
-        _SAMPLING["temperature"].default, help="LM sampling temperature (0 = greedy)."
-    ),
-    top_p: float = typer.Option(_SAMPLING["top_p"].default, help="LM nucleus sampling."),
-    top_k: int = typer.Option(_SAMPLING["top_k"].default, help="LM top-k (0 = off)."),
-    cfg_scale: float = typer.Option(
-        _SAMPLING["cfg_scale"].default, help="LM classifier-free guidance (<= 1: off)."
-    ),
-    max_batch: int = typer.Option(
-        LM_CALIBRATION_MAX_BATCH_DEFAULT,
-        min=1,
-        max=64,
-        help="LM: generations decoded together (1 = one at a time).",
-    ),
-    codes: str = typer.Option("", help="Storage key of lm_codes.jsonl (default: from the log)."),
-    tensors: str = typer.Option("", help="DiT: tensor cache key (default: from the log)."),
-    model: str = typer.Option("", help="LM or DiT folder under --checkpoints (default: run's)."),
-    device: str = typer.Option("", help="cuda, cuda:1, cpu (default: cuda when present)."),
-    repoint: bool = typer.Option(
-        True,
-        "--repoint/--no-repoint",
-        help="Make the calibrated folder what the artist resolves to.",
-    ),
     use_ray: bool = typer.Option(False, "--ray/--no-ray", help="Fan out over Ray actors."),
     actors: int = typer.Option(1, help="Ray actors (each loads the base model once)."),
     gpus_per_actor: float = typer.Option(-1.0, help="Ray: GPUs per actor (-1 = 1 if any)."),
     ray_address: str = typer.Option("", help="Ray cluster to join (default: local)."),
     as_json: bool = typer.Option(False, "--json", help="Print hot_step_eval.json."),
+    **values: Any,
 ) -> None:
     """Evaluate every milestone x scale of RUN_DIR and bake the winner."""
     # The calibrators import torch: here, so that --help starts without it.
     from hotstep_ray.calibration.dit_calibrate import DitCalibrationConfig, calibrate_dit
     from hotstep_ray.calibration.lm_calibrate import LmCalibrationConfig, calibrate_lm
 
+    options = CalibrateOptions.model_validate(given(values))
     storage = Storage(data)
     run_key = resolve_run_key(storage, run_dir)
     kind = run_kind(storage, run_key)
@@ -114,38 +81,27 @@ def run(
     )
     common: dict[str, Any] = {
         "checkpoints": checkpoints,
-        "codes": codes,
-        "device": device or None,
+        "codes": options.codes,
+        "device": options.device or None,
         "runner": runner,
-        "repoint": repoint,
+        "repoint": options.repoint,
     }
-    parsed = grid.parse_scales(scales)
     job = Job(storage, "lm-calibrate" if kind == "lm" else "dit-calibrate", sinks=(_print_event,))
     with job:
         job.phase(f"calibrate-{kind}")
         if kind == "lm":
-            sampling = LmSampling(
-                temperature=temperature, top_p=top_p, top_k=top_k, cfg_scale=cfg_scale
-            )
             config = LmCalibrationConfig(
-                scales=parsed,
-                seeds=seeds,
-                base_seed=base_seed,
-                duration_s=duration or None,
-                sampling=sampling,
-                max_batch=max_batch,
+                **options.grid_fields(), sampling=options.sampling(), max_batch=options.max_batch
             )
             outcome = calibrate_lm(
-                storage, run_key, config=config, lm=model or None, events=job.events, **common
-            )
+                storage, run_key, config=config, lm=options.model or None, events=job.events,
+                **common,
+            )  # fmt: skip
         else:
-            given = {"duration_s": duration} if duration else {}  # else the config's default
-            config_dit = DitCalibrationConfig(
-                scales=parsed, seeds=seeds, base_seed=base_seed, **given
-            )
+            config_dit = DitCalibrationConfig(**options.grid_fields())  # else its render length
             outcome = calibrate_dit(
-                storage, run_key, config=config_dit, tensors=tensors, dit=model or None,
-                events=job.events, **common,
+                storage, run_key, config=config_dit, tensors=options.tensors,
+                dit=options.model or None, events=job.events, **common,
             )  # fmt: skip
     if as_json:
         print_json(outcome.document)
@@ -167,3 +123,6 @@ def run(
         f"({winner['candidate']} x{winner['scale']:g}, score {winner['score']:.4f})",
         soft_wrap=True,
     )
+
+
+run = app.command("run")(handle_errors(_run))

@@ -308,7 +308,12 @@ def contract_parameters(
             continue
         flag = (flags or {}).get(name) or "--" + name.replace("_", "-")
         default = field.get_default(call_default_factory=True)
-        shown = ",".join(map(str, default)) if isinstance(default, list) else default
+        if isinstance(default, list | tuple):
+            shown = ",".join(
+                f"{item:g}" if isinstance(item, float) else str(item) for item in default
+            )
+        else:
+            shown = default
         shown = (shown_defaults or {}).get(name, shown)
         help_text = f"{field.description} " if field.description else ""
         help_text += f"Default: {shown!r}." if shown == "" else f"Default: {shown}."

@@ -124,3 +124,11 @@ def test_camel_case_locations_map_to_the_snake_case_flag() -> None:
         "--adapter-type must be one of lora, lokr (got dora)",
         "--cfg-ratio must be ≤ 1 (got 2)",
     ]
+
+
+def test_calibrate_refuses_bad_grid_and_sampling_values_before_reading_the_run(data: str) -> None:
+    # The run folder does not exist: the options are checked first, so only they are reported.
+    args = ["calibrate", "run", "adapters/lm-1.7B/band/x", "--data", data, "--checkpoints", data]
+    assert _refused([*args, "--seeds", "0"]) == ["--seeds must be ≥ 1 (got 0)"]
+    assert _refused([*args, "--top-p", "many"]) == ["--top-p must be a number (got many)"]
+    assert _refused([*args, "--scales", "3"]) == ["--scales scale 3: must be in (0, 2] (got 3)"]
