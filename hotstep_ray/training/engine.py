@@ -27,10 +27,10 @@ from typing import Any, TypeVar
 import torch
 
 from hotstep_ray.core.errors import InputError
-from hotstep_ray.training import compiling, flat_grads, step_graph
+from hotstep_ray.training import capture_gate, compiling, flat_grads, step_graph
 from hotstep_ray.training.speed import SpeedOptions
 
-GRAPH_TRIAL_STEPS = 3  # CUDA-graph trees warm up, record, then replay: a fault shows by step 3
+GRAPH_TRIAL_STEPS = capture_gate.WARM_RUNS  # by then every graph is captured: a fault has shown
 GRAPH_MODES = ("reduce-overhead", "step-graph")  # steps that replay CUDA graphs
 
 Inputs = list[torch.Tensor | None]
@@ -135,10 +135,13 @@ class StepEngine:
     grad_flats: flat_grads.FlatGrads | None = None  # the CUDA-graph step's gradient buffers
     step_graphs: step_graph.StepGraphs | None = None  # compile "step-graph": one per input shape
     prefetched: Any = None  # the next step's `prepare` output, made during this backward
+    warmup: capture_gate.Warmup | None = None  # a shape's first steps hold the capture lock
 
     def __post_init__(self) -> None:
         if self.mode == "step-graph" and self.step_graphs is None:
             self.step_graphs = step_graph.StepGraphs(self.device)
+        if self.warmup is None:
+            self.warmup = capture_gate.Warmup(self.device)
 
     @property
     def graphs(self) -> bool:
@@ -213,6 +216,13 @@ class StepEngine:
         else:
             self.optimizer.zero_grad(set_to_none=True)
         work = self.work(prepared)
+        with self.warmup.step((work.key, tuple(work.shares))):
+            return self._step(step, work, next_window, graphs)
+
+    def _step(
+        self, step: int, work: StepWork, next_window: list | None, graphs: bool
+    ) -> StepOutcome:
+        """`run_step` once the step's work is made."""
         # the graphs add into the flat buffers they were captured with (`StepGraphs.bind`); with
         # flat grads off, the data-parallel all-reduce would swap every .grad under them
         if self.step_graphs is not None and graphs and self.speed.flat_grads:

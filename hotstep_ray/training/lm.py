@@ -49,7 +49,14 @@ from hotstep_ray.core.contracts import CheckpointCadence, TrainLmOptions
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.training import adapters, checkpoint, compiling, flat_grads, holdout, lm_loss
+from hotstep_ray.training import (
+    adapters,
+    checkpoint,
+    compiling,
+    flat_grads,
+    holdout,
+    lm_loss,
+)
 from hotstep_ray.training import lm_data as data
 from hotstep_ray.training.lm_save import (
     LmRunResult,
@@ -103,42 +110,58 @@ def run_epoch(setup: LmSetup, state: LmTrainState, epoch: int) -> dict[str, Any]
     factor = 0.0
     keep_grads = setup.compile == "reduce-overhead"  # see `compiling.stable_grads`
     for window in _windows(mine, options.grad_accum):
-        if setup.compile == "reduce-overhead":  # a new step: the last step's graph outputs are dead
-            torch.compiler.cudagraph_mark_step_begin()
-        in_window = sum(len(row) for group in window for row in group)
-        window_loss = torch.zeros((), device=setup.device)
-        for j, group in enumerate(window):
-            batch = data.collate(setup.examples, group, pad_multiple=setup.pad_multiple)
-            batch = batch.to(setup.device)
-            last = j == len(window) - 1
-            sync = contextlib.nullcontext() if last or setup.world == 1 else setup.module.no_sync()
-            with sync:
-                with _autocast(setup):
-                    song_losses = lm_loss.batch_loss(setup.module, batch)
-                (song_losses / in_window).backward()
-            window_loss += song_losses.detach()
-            songs += batch.n_songs
-        flats = flat_grads.live(setup.grad_flats if keep_grads else None)
-        norms.append(flat_grads.clip_grads(params, clip, flats))
-        if not torch.isfinite(norms[-1]):  # stop before a NaN/Inf step can reach the adapter
-            setup.optimizer.zero_grad(set_to_none=not keep_grads)
-            setup.log(f"non-finite gradient at step {state.step}; stopping", "error")
-            return {"epoch": epoch, "loss": math.nan, "lr": 0.0, "grad_norm": math.nan, "ms": 0.0}
-        factor = setup.schedule.apply(setup.optimizer, state.step)
-        setup.optimizer.step()
-        flat_grads.zero_grads(setup.optimizer, flats, set_to_none=not keep_grads)
-        loss_sum += window_loss
-        state.step += 1
-        if state.step % engine.log_every == 0:
-            setup.emit(
-                "step",
-                epoch=epoch,
-                step=state.step,
-                total_steps=setup.schedule.total_steps,
-                loss=(window_loss / in_window).item(),
-                lr=options.learning_rate * factor,
-                grad_norm=norms[-1].item(),
-            )
+        # a shape's first steps compile and capture: never beside another trainer's (capture_gate)
+        shape = tuple(
+            (len(group), data.row_width(setup.examples, group, setup.pad_multiple))
+            for group in window
+        )
+        with setup.warmup.step(shape):
+            if (
+                setup.compile == "reduce-overhead"
+            ):  # a new step: the last step's graph outputs are dead
+                torch.compiler.cudagraph_mark_step_begin()
+            in_window = sum(len(row) for group in window for row in group)
+            window_loss = torch.zeros((), device=setup.device)
+            for j, group in enumerate(window):
+                batch = data.collate(setup.examples, group, pad_multiple=setup.pad_multiple)
+                batch = batch.to(setup.device)
+                last = j == len(window) - 1
+                sync = (
+                    contextlib.nullcontext() if last or setup.world == 1 else setup.module.no_sync()
+                )
+                with sync:
+                    with _autocast(setup):
+                        song_losses = lm_loss.batch_loss(setup.module, batch)
+                    (song_losses / in_window).backward()
+                window_loss += song_losses.detach()
+                songs += batch.n_songs
+            flats = flat_grads.live(setup.grad_flats if keep_grads else None)
+            norms.append(flat_grads.clip_grads(params, clip, flats))
+            if not torch.isfinite(norms[-1]):  # stop before a NaN/Inf step can reach the adapter
+                setup.optimizer.zero_grad(set_to_none=not keep_grads)
+                setup.log(f"non-finite gradient at step {state.step}; stopping", "error")
+                return {
+                    "epoch": epoch,
+                    "loss": math.nan,
+                    "lr": 0.0,
+                    "grad_norm": math.nan,
+                    "ms": 0.0,
+                }
+            factor = setup.schedule.apply(setup.optimizer, state.step)
+            setup.optimizer.step()
+            flat_grads.zero_grads(setup.optimizer, flats, set_to_none=not keep_grads)
+            loss_sum += window_loss
+            state.step += 1
+            if state.step % engine.log_every == 0:
+                setup.emit(
+                    "step",
+                    epoch=epoch,
+                    step=state.step,
+                    total_steps=setup.schedule.total_steps,
+                    loss=(window_loss / in_window).item(),
+                    lr=options.learning_rate * factor,
+                    grad_norm=norms[-1].item(),
+                )
     totals = _all_reduce_sum(
         setup, torch.stack([loss_sum, torch.tensor(float(songs), device=setup.device)])
     )

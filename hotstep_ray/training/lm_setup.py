@@ -40,6 +40,7 @@ from hotstep_ray.core.events import EventLog, MetricEvent
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.training import (
     adapters,
+    capture_gate,
     checkpoint,
     compiling,
     export,
@@ -100,6 +101,11 @@ class LmSetup:
     world: int = 1
     events: EventLog | None = None
     grad_flats: flat_grads.FlatGrads | None = None  # the CUDA-graph step's gradient buffers
+    warmup: capture_gate.Warmup | None = None  # a shape's first steps hold the capture lock
+
+    def __post_init__(self) -> None:
+        if self.warmup is None:
+            self.warmup = capture_gate.Warmup(self.device)
 
     @property
     def is_main(self) -> bool:
