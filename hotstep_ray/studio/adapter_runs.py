@@ -5,11 +5,18 @@ A DiT run is finished, paused at a step, training while its job is alive, or int
 its adapter is the best one exported before that). An LM run is finished, unfinished (a
 checkpoint, no adapter yet), training (the job its checkpoint names is alive), or unexported
 (trained without the export stage).
+
+The studio also hands out an adapter's folder as a zip and deletes it: both only for an id the
+listing shows, so a request can never name a key outside `<root>/adapters`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
+import time
+import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -17,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from hotstep_ray.core import layout
 from hotstep_ray.core.errors import HotstepError, InputError
 from hotstep_ray.core.storage import Storage
+from hotstep_ray.studio.errors import ConflictError, NotFoundError
 from hotstep_ray.training.warm_start import (  # written once, when the run stops
     LM_LOG_FILE,
     lm_stopped,
@@ -29,10 +37,16 @@ if TYPE_CHECKING:
     from hotstep_ray.audition.catalogue import AdapterEntry
     from hotstep_ray.studio.context import Studio
 
+# A run's resumable state (optimizer, RNG): no use to anyone loading the adapter, and as large as
+# the adapter again, so a download leaves it out (a delete does not).
+CHECKPOINT_DIR = "checkpoint"
 # The LM checkpoint's commit point, spelled here because `training.lm_save` and
 # `training.checkpoint` load torch and listing adapters must not (a test checks it agrees with
 # `lm_save.CHECKPOINT_DIR` / `checkpoint.MANIFEST`); removed once the run is exported.
-LM_CHECKPOINT_MANIFEST = "checkpoint/checkpoint.json"
+LM_CHECKPOINT_MANIFEST = f"{CHECKPOINT_DIR}/checkpoint.json"
+# Read size while zipping: large enough for few object-store GETs, small enough to stream.
+ZIP_CHUNK_BYTES = 1 << 20
+_UNSAFE_FILENAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def with_status(storage: Storage, kind: str = "") -> list[tuple[AdapterEntry, str, str]]:
@@ -189,9 +203,127 @@ def unexported_lm_runs(storage: Storage) -> list[AdapterEntry]:
     return found
 
 
+# -- one adapter: find, download, delete ----------------------------------------------------
+def find(storage: Storage, adapter_id: str) -> tuple[AdapterEntry, str, str]:
+    """The listing's row of `adapter_id` (`with_status`'s shape); NotFoundError when the listing
+    has no such id. Matching listed ids, not building a key, is what keeps `../` and friends
+    out; only this row's run state is read."""
+    from hotstep_ray.audition.catalogue import list_adapters
+
+    for entry in [*list_adapters(storage), *unexported_lm_runs(storage)]:
+        if entry.id == adapter_id:
+            return (entry, *run_status(storage, entry))
+    raise NotFoundError(f"no adapter {adapter_id!r}")
+
+
+def folder_key(entry: AdapterEntry) -> str:
+    from hotstep_ray.audition.catalogue import ROOT
+
+    return f"{ROOT}/{entry.id}"
+
+
+def _own_children(storage: Storage, folder: str) -> list[str]:
+    """The keys directly in an adapter's folder that are its own: a legacy artist folder (weights
+    beside the run folders) also holds that artist's runs, each an adapter of its own."""
+    return [
+        key
+        for key in storage.list(folder)
+        if not (layout.is_run_stamp(key.rsplit("/", 1)[-1]) and storage.is_dir(key))
+    ]
+
+
+def _left_out(name: str) -> bool:
+    # hidden names are half-written temp files (`.tmp-*.part`); `.bak` is the original a
+    # trigger stamp replaced (the listing's size leaves it out too)
+    return name.startswith(".") or name.endswith(".bak")
+
+
+def export_files(storage: Storage, entry: AdapterEntry) -> list[tuple[str, str]]:
+    """(name in the zip, storage key) of every file a download holds, sorted: the weights, their
+    configs, logs, `diffusers_names/` and `milestones/`; not the resumable `checkpoint/`."""
+    folder = folder_key(entry)
+    found = []
+    for child in _own_children(storage, folder):
+        if child.rsplit("/", 1)[-1] == CHECKPOINT_DIR:
+            continue
+        for key in storage.walk_files(child) if storage.is_dir(child) else [child]:
+            name = key.removeprefix(f"{folder}/")
+            if not any(_left_out(part) for part in name.split("/")):
+                found.append((name, key))
+    return sorted(found)
+
+
+def download_name(entry: AdapterEntry) -> str:
+    """A file name a musician can tell apart: artist first, then the base and the run."""
+    base = "" if entry.base_folder == "lm" else entry.base_folder  # legacy: the artist has it
+    name = "-".join(part for part in (entry.artist, base, entry.run) if part)
+    return _UNSAFE_FILENAME.sub("_", name).strip("._") or "adapter"
+
+
+def _zip_time(storage: Storage, key: str) -> tuple[int, int, int, int, int, int]:
+    seconds = storage.mtime_ns(key) / 1e9
+    stamp = time.localtime(seconds)[:6] if seconds else (1980, 1, 1, 0, 0, 0)
+    return max(stamp, (1980, 1, 1, 0, 0, 0))  # zip cannot say anything before 1980
+
+
+class _Chunks:
+    """A write-only sink for `zipfile`: it has no `seek`/`tell`, so zipfile writes each member's
+    sizes after its data (a data descriptor) instead of seeking back, and the zip can be sent
+    while it is written."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self._parts.append(bytes(data))
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def take(self) -> bytes:
+        out = b"".join(self._parts)
+        self._parts.clear()
+        return out
+
+
+def zip_stream(storage: Storage, files: list[tuple[str, str]]) -> Iterator[bytes]:
+    """A zip of `files` (`export_files`), stored uncompressed (safetensors do not shrink), in
+    pieces of about `ZIP_CHUNK_BYTES`: memory stays flat however large the adapter is."""
+    sink = _Chunks()
+    with zipfile.ZipFile(sink, "w", zipfile.ZIP_STORED) as archive:
+        for name, key in files:
+            info = zipfile.ZipInfo(name, date_time=_zip_time(storage, key))
+            info.compress_type = zipfile.ZIP_STORED
+            info.external_attr = 0o644 << 16
+            info.file_size = storage.size(key)  # zipfile picks zip64 by it, before any data
+            with storage.open(key) as source, archive.open(info, "w") as target:
+                while chunk := source.read(ZIP_CHUNK_BYTES):
+                    target.write(chunk)
+                    yield sink.take()
+            yield sink.take()  # the member's data descriptor (and an empty file's header)
+    yield sink.take()  # the central directory
+
+
+def delete(storage: Storage, entry: AdapterEntry, state: str) -> None:
+    """Remove the adapter's folder (in a legacy artist folder: its own files, not the runs
+    beside them); ConflictError while its run trains, since the trainer would write it again."""
+    if state == "training":
+        raise ConflictError(f"adapter {entry.id!r} is still training: cancel its job first")
+    folder = folder_key(entry)
+    own = _own_children(storage, folder)
+    if len(own) == len(storage.list(folder)):
+        storage.delete(folder, recursive=True)
+        return
+    for key in own:
+        storage.delete(key, recursive=True)
+
+
 def router(studio: Studio) -> APIRouter:
-    """`GET /adapters[?kind=lm|dit]`: `{"adapters": [...]}`, each as `adapters list --json`."""
+    """`GET /adapters[?kind=lm|dit]`: `{"adapters": [...]}`, each as `adapters list --json`;
+    `GET /adapters/{id}/download`: its folder as a zip; `DELETE /adapters/{id}`: removes it."""
     from fastapi import APIRouter, Query  # here: `adapters list` imports this module too
+    from fastapi.responses import StreamingResponse
 
     api = APIRouter()
 
@@ -200,5 +332,26 @@ def router(studio: Studio) -> APIRouter:
         if kind not in ("", "lm", "dit"):
             raise InputError(f"kind must be lm or dit, got {kind!r}")
         return {"adapters": to_json(with_status(studio.storage, kind))}
+
+    # `:path`: an id is `<base>/<artist>/<run>`, slashes and all
+    @api.get("/adapters/{adapter_id:path}/download")
+    def download_route(adapter_id: str) -> StreamingResponse:
+        entry, _, _ = find(studio.storage, adapter_id)
+        if not entry.weights:
+            raise ConflictError(f"adapter {adapter_id!r} has no exported weights yet")
+        # listed before the response starts, so a missing adapter is a 404, not a cut-off zip
+        files = export_files(studio.storage, entry)
+        disposition = f'attachment; filename="{download_name(entry)}.zip"'
+        return StreamingResponse(
+            zip_stream(studio.storage, files),  # a plain iterator: Starlette reads it in a thread
+            media_type="application/zip",
+            headers={"Content-Disposition": disposition},
+        )
+
+    @api.delete("/adapters/{adapter_id:path}")
+    def delete_route(adapter_id: str) -> dict[str, Any]:
+        entry, state, _ = find(studio.storage, adapter_id)
+        delete(studio.storage, entry, state)
+        return {"ok": True, "id": entry.id}
 
     return api

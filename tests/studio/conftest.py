@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,33 @@ def read_sse() -> Callable[..., list[dict[str, Any]]]:
     """`read_sse(client, url)`: every `data:` frame of an SSE response, parsed (the server
     closes the stream after the terminal `status` frame)."""
     return _read_sse
+
+
+@pytest.fixture
+def s3_root(monkeypatch) -> Iterator[tuple[str, dict[str, Any]]]:
+    """`(root URL, storage options)` of a bucket on moto's S3 server (127.0.0.1, a free port)."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    # Region from the env, never client_kwargs (s3fs would send a LocationConstraint moto refuses).
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    options = {
+        "client_kwargs": {"endpoint_url": f"http://{host}:{port}"},
+        "key": "testing",  # explicit, so the runner actor (started before this env) has them
+        "secret": "testing",
+    }
+    import fsspec
+
+    fsspec.filesystem("s3", **options).mkdir("studio-bucket")
+    yield "s3://studio-bucket/hotstep", options
+    server.stop()
 
 
 # -- a real server over the whole pipeline (the end-to-end and browser tests share it) ---------

@@ -94,7 +94,8 @@ def test_the_page_drives_the_studio(chromium, studio_pipeline, rendered_songs, t
         # -- the adapter the pipeline trained, with its run's state
         rows = page.wait_for(
             "(() => { const r = [...document.querySelectorAll('#adapters tbody tr')];"
-            " return r.length && r.map(x => [x.dataset.id, x.lastChild.textContent]); })()"
+            " return r.length && r.map(x => [x.dataset.id, x.querySelector('td.state').textContent]);"
+            " })()"
         )
         ((adapter, state),) = rows  # the pipeline trains one: its DiT
         assert adapter.startswith(f"dit-turbo/{pipeline.dataset['slug']}/") and state == "finished"

@@ -1,37 +1,11 @@
 """The API on an `s3://` storage root (moto's S3 server on 127.0.0.1): dataset records, a build
-job run by a Ray actor, and `dataset.json` read back through the API."""
+job run by a Ray actor, and `dataset.json` read back through the API (`s3_root`: conftest)."""
 
 from __future__ import annotations
 
 import pytest
 
 API = "/api/training"
-
-
-@pytest.fixture
-def s3_root(monkeypatch):
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    # Region from the env, never client_kwargs (s3fs would send a LocationConstraint moto refuses).
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(name, value)
-    options = {
-        "client_kwargs": {"endpoint_url": f"http://{host}:{port}"},
-        "key": "testing",  # explicit, so the runner actor (started before this env) has them
-        "secret": "testing",
-    }
-    import fsspec
-
-    fsspec.filesystem("s3", **options).mkdir("studio-bucket")
-    yield "s3://studio-bucket/hotstep", options
-    server.stop()
 
 
 @pytest.mark.ray

@@ -62,17 +62,24 @@ async function api(path, { method = "GET", body } = {}) {
   if (body !== undefined) init.body = JSON.stringify(body);
   const response = await fetch(path, init);
   const text = await response.text();
+  if (!response.ok) throw failure(response, text);
+  try {
+    return text ? JSON.parse(text) : null;
+  } catch {
+    return { error: text };
+  }
+}
+
+// The server's `{"error": ...}` line of a failed response, as an ApiError to throw.
+function failure(response, text) {
+  if (response.status === 401) needToken();
   let data = null;
   try {
     data = text ? JSON.parse(text) : null;
   } catch {
     data = { error: text };
   }
-  if (!response.ok) {
-    if (response.status === 401) needToken();
-    throw new ApiError(response.status, (data && data.error) || `HTTP ${response.status}`);
-  }
-  return data;
+  return new ApiError(response.status, (data && data.error) || `HTTP ${response.status}`);
 }
 
 function notify(message, kind = "error") {
@@ -753,7 +760,7 @@ async function loadAudio(player, url, urls = state.audioUrls) {
 
 // -- adapters --------------------------------------------------------------------------------
 // Every trained run (`GET /adapters`, as `hotstep-ray adapters list`): the adapter, its base
-// model, format, size, trigger, when it was trained and the run's state.
+// model, format, size, trigger, when it was trained, the run's state, and Download / Delete.
 async function refreshAdapters() {
   const { adapters } = await api(`${API}/adapters`);
   $("adapters").tBodies[0].replaceChildren(
@@ -774,11 +781,70 @@ async function refreshAdapters() {
         el("td", { text: size }),
         el("td", { text: trigger }),
         el("td", { text: a.trainedAt ? a.trainedAt.replace("T", " ") : "–" }),
-        el("td", {}, el("span", { class: `pill ${state}`, text: a.statusDetail || state })),
+        el("td", { class: "state" }, el("span", { class: `pill ${state}`, text: a.statusDetail || state })),
+        adapterActions(a),
       );
     }),
   );
   $("adapters-empty").hidden = adapters.length > 0;
+}
+
+// Download (only what has weights: a run without its export has nothing to load) and Delete
+// (not while the run trains: the trainer would write the folder again; the server refuses too).
+function adapterActions(a) {
+  const url = `${API}/adapters/${a.id.split("/").map(encodeURIComponent).join("/")}`;
+  const cell = el("td", { class: "adapter-actions" });
+  if (a.weights) {
+    const link = el("a", { href: `${url}/download`, class: "adapter-download", text: "Download" });
+    link.addEventListener("click", (event) => {
+      event.preventDefault();
+      downloadAdapter(a, link);
+    });
+    cell.append(link);
+  }
+  const training = a.status === "training";
+  const remove = el("button", {
+    type: "button",
+    class: "adapter-delete",
+    text: "Delete",
+    disabled: training,
+    title: training ? "Still training: cancel its job first" : `Delete ${a.id}`,
+  });
+  remove.addEventListener("click", () => deleteAdapter(a, url));
+  cell.append(remove);
+  return cell;
+}
+
+// A plain link cannot send the token: fetch the zip with it and hand the browser a blob URL,
+// named as the server's Content-Disposition says.
+async function downloadAdapter(a, link) {
+  link.setAttribute("aria-busy", "true");
+  try {
+    const response = await fetch(link.href, { headers: headers() });
+    if (!response.ok) throw failure(response, await response.text());
+    const named = /filename="([^"]+)"/.exec(response.headers.get("Content-Disposition") || "");
+    const blobUrl = URL.createObjectURL(await response.blob());
+    const save = el("a", { href: blobUrl, download: named ? named[1] : `${a.id.replaceAll("/", "-")}.zip` });
+    document.body.append(save);
+    save.click();
+    save.remove();
+    setTimeout(() => URL.revokeObjectURL(blobUrl), 60000); // revoked at once, some browsers drop the download
+  } catch (error) {
+    notify(`Could not download ${a.id}: ${error.message}`);
+  } finally {
+    link.removeAttribute("aria-busy");
+  }
+}
+
+async function deleteAdapter(a, url) {
+  if (!confirm(`Delete the adapter ${a.id}?\n\nIts folder is removed from storage; this cannot be undone.`)) return;
+  try {
+    await api(url, { method: "DELETE" });
+    notify(`Deleted ${a.id}.`, "info");
+  } catch (error) {
+    notify(`Could not delete ${a.id}: ${error.message}`);
+  }
+  await refreshAdapters().catch(() => {}); // after a refusal too: the run's state has moved on
 }
 
 // -- start -----------------------------------------------------------------------------------
