@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -480,6 +481,17 @@ class _KronLoKrModel(LoKrModel):
 
 
 # -- inject --------------------------------------------------------------------------------------
+# torch's global RNG is process state: peft draws the adapters' init from it, so two trainers
+# of one process (make's in-process trainers, on threads) seed and inject one at a time, or one
+# could draw from the other's seed.
+_GLOBAL_RNG = threading.Lock()
+
+
+def global_rng() -> threading.Lock:
+    """Hold around a seeded use of torch's global RNG (`torch.manual_seed` + `inject`)."""
+    return _GLOBAL_RNG
+
+
 def inject(model: nn.Module, spec: AdapterSpec, speed: SpeedOptions | None = None) -> nn.Module:
     """Wrap the target Linears of `model` in place and freeze every other parameter; LoKR layers
     run with `speed` (default `SpeedOptions()`)."""

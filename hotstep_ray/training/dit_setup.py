@@ -185,7 +185,7 @@ def inject_adapter(
     """Seeded adapter init (peft draws LoRA A / LoKR w1 from the global RNG): every worker of a
     run and every rerun start from the same weights; the global RNG is left as it was."""
     devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
+    with adapters.global_rng(), torch.random.fork_rng(devices=devices):
         torch.manual_seed(dit_data.derived_seed(seed, "adapter-init"))
         adapters.inject(transformer, spec, speed)
 

@@ -346,8 +346,9 @@ def setup_lm(
     mode = compiling.with_graphs(engine.compile, mode, vram.checkpointed_layers, ddp=world > 1)
 
     # Adapter (seeded init), optional start weights, runtime switches.
-    torch.manual_seed(options.seed)
-    adapters.inject(model, adapter_spec)
+    with adapters.global_rng():
+        torch.manual_seed(options.seed)
+        adapters.inject(model, adapter_spec)
     if init is not None:
         export.load_exported(model, *init)
     lm_loss.set_attention(model, engine.attention)

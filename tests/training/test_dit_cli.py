@@ -29,7 +29,11 @@ def test_every_contract_field_is_an_option() -> None:
     )
     assert (options.rank, options.learning_rate, options.stages) == (8, 5e-4, ["train"])
     assert options.target_mlp is False and options.variant_key == "turbo"
-    help_text = CliRunner().invoke(app, ["run", "--help"], terminal_width=200).output
+    help_text = (
+        CliRunner()
+        .invoke(app, ["run", "--help"], terminal_width=200, env={"COLUMNS": "200"})
+        .output
+    )
     for flag in ("--lokr-factor", "--no-target-mlp", "--crop-min-frames", "--ray", "--variant"):
         assert flag in help_text
     # unset fields resolve by adapter type; the help says to what, not "None"
