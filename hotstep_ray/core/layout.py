@@ -40,6 +40,9 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 # copy under diffusers' module names (docs/ADAPTERS.md says which loader reads which).
 MILESTONE_DIR = "milestones"
 DIFFUSERS_NAMES_DIR = "diffusers_names"
+# ... and its resumable state (adapter, optimizer, RNG), which both trainers write there; the LM
+# removes it once the run is exported
+RUN_CHECKPOINT_DIR = "checkpoint"
 
 # Exact DiT model stems (after quant-suffix stripping) and their adapter-folder shorthand.
 _DIT_SHORTHANDS = {

@@ -37,13 +37,9 @@ if TYPE_CHECKING:
     from hotstep_ray.audition.catalogue import AdapterEntry
     from hotstep_ray.studio.context import Studio
 
-# A run's resumable state (optimizer, RNG): no use to anyone loading the adapter, and as large as
-# the adapter again, so a download leaves it out (a delete does not).
-CHECKPOINT_DIR = "checkpoint"
-# The LM checkpoint's commit point, spelled here because `training.lm_save` and
-# `training.checkpoint` load torch and listing adapters must not (a test checks it agrees with
-# `lm_save.CHECKPOINT_DIR` / `checkpoint.MANIFEST`); removed once the run is exported.
-LM_CHECKPOINT_MANIFEST = f"{CHECKPOINT_DIR}/checkpoint.json"
+# The LM checkpoint's commit point, spelled here because `training.checkpoint` loads torch and
+# listing adapters must not (a test checks it agrees with `checkpoint.MANIFEST`).
+LM_CHECKPOINT_MANIFEST = f"{layout.RUN_CHECKPOINT_DIR}/checkpoint.json"
 # Read size while zipping: large enough for few object-store GETs, small enough to stream.
 ZIP_CHUNK_BYTES = 1 << 20
 _UNSAFE_FILENAME = re.compile(r"[^A-Za-z0-9._-]+")
@@ -52,11 +48,15 @@ _UNSAFE_FILENAME = re.compile(r"[^A-Za-z0-9._-]+")
 def with_status(storage: Storage, kind: str = "") -> list[tuple[AdapterEntry, str, str]]:
     """Every adapter under `<root>/adapters` (and each LM run with state but no adapter yet), by
     id, with its run's (state, text) (`run_status`); `kind` lm or dit keeps those only."""
+    found = sorted(entries(storage), key=lambda e: e.id)
+    return [(e, *run_status(storage, e)) for e in found if not kind or e.kind == kind]
+
+
+def entries(storage: Storage) -> list[AdapterEntry]:
+    """Every adapter under `<root>/adapters`, and each LM run with state but no adapter yet."""
     from hotstep_ray.audition.catalogue import list_adapters
 
-    found = [*list_adapters(storage), *unexported_lm_runs(storage)]
-    found.sort(key=lambda e: e.id)
-    return [(e, *run_status(storage, e)) for e in found if not kind or e.kind == kind]
+    return [*list_adapters(storage), *unexported_lm_runs(storage)]
 
 
 def to_json(rows: list[tuple[AdapterEntry, str, str]]) -> list[dict[str, Any]]:
@@ -208,9 +208,7 @@ def find(storage: Storage, adapter_id: str) -> tuple[AdapterEntry, str, str]:
     """The listing's row of `adapter_id` (`with_status`'s shape); NotFoundError when the listing
     has no such id. Matching listed ids, not building a key, is what keeps `../` and friends
     out; only this row's run state is read."""
-    from hotstep_ray.audition.catalogue import list_adapters
-
-    for entry in [*list_adapters(storage), *unexported_lm_runs(storage)]:
+    for entry in entries(storage):
         if entry.id == adapter_id:
             return (entry, *run_status(storage, entry))
     raise NotFoundError(f"no adapter {adapter_id!r}")
@@ -244,7 +242,8 @@ def export_files(storage: Storage, entry: AdapterEntry) -> list[tuple[str, str]]
     folder = folder_key(entry)
     found = []
     for child in _own_children(storage, folder):
-        if child.rsplit("/", 1)[-1] == CHECKPOINT_DIR:
+        # the resumable state: no use to anyone loading the adapter, as large as it again
+        if child.rsplit("/", 1)[-1] == layout.RUN_CHECKPOINT_DIR:
             continue
         for key in storage.walk_files(child) if storage.is_dir(child) else [child]:
             name = key.removeprefix(f"{folder}/")

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from hotstep_ray.core import layout
 from hotstep_ray.core.contracts import LATENT_HZ
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
@@ -40,7 +41,7 @@ from hotstep_ray.training.checkpoint import (
 from hotstep_ray.training.schedule import MilestoneTracker, StopRule
 from hotstep_ray.training.speed import SpeedOptions
 
-CHECKPOINT_DIR = "checkpoint"
+CHECKPOINT_DIR = layout.RUN_CHECKPOINT_DIR
 RAY_RUN_PREFIX = "train-dit-"  # Ray Train's run name: the prefix, then the run folder's name
 FIT_KEYS = ("crop_frames", "batch", "ckpt_layers", "trained_layers")  # what a resume adopts
 

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hotstep_ray.core import layout
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.training import adapters, checkpoint, export, lm_vram, warm_start
@@ -38,7 +39,7 @@ from hotstep_ray.training.schedule import MilestoneTracker, StopRule
 
 LOG_FILE = warm_start.LM_LOG_FILE  # "lm_train_log.json": what tells a finished run (warm_start)
 LOG_FORMAT = "hot-step-lm-train-v1"
-CHECKPOINT_DIR = "checkpoint"  # resumable state under the run folder, removed after export
+CHECKPOINT_DIR = layout.RUN_CHECKPOINT_DIR
 
 
 @dataclass
