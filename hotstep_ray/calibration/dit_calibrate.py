@@ -28,13 +28,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field
 
 from hotstep_ray.audition.dit_audition import LATENT_HZ, DitAudition
 from hotstep_ray.audition.planner import shared_copy
 from hotstep_ray.audition.schemas import DitRequest
-from hotstep_ray.calibration import grid, metrics
+from hotstep_ray.calibration import metrics
 from hotstep_ray.calibration.grid import WorkerFactory, WorkItem, WorkResult
+from hotstep_ray.calibration.options import CalibrationGrid
 from hotstep_ray.calibration.prompts import Prompt
 from hotstep_ray.calibration.ray_calibrate import Runner, run_local
 from hotstep_ray.calibration.recipe import KindPlan, calibrate_run
@@ -53,22 +54,12 @@ METRIC = {
 }
 
 
-class DitCalibrationConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    scales: tuple[float, ...] = grid.DEFAULT_SCALES
-    seeds: int = Field(default=grid.DEFAULT_SEEDS, ge=1, le=512)
-    base_seed: int = Field(default=grid.DEFAULT_BASE_SEED, ge=0, le=2**62)
+class DitCalibrationConfig(CalibrationGrid):
     duration_s: float = Field(default=10.0, ge=1.0, le=600.0)  # seconds per render
     steps: int | None = Field(default=None, ge=1, le=200)  # turbo: 8 (fixed); base/sft: 30
     guidance_scale: float = Field(default=7.0, ge=0.0, le=20.0)  # base/sft only
     shift: float | None = Field(default=None, ge=1.0, le=5.0)
     include_final: bool = True
-
-    @field_validator("scales", mode="before")
-    @classmethod
-    def _scales(cls, value: Any) -> tuple[float, ...]:
-        return grid.parse_scales(value)
 
 
 def dit_requests(prompts: Sequence[Prompt], config: DitCalibrationConfig) -> list[dict[str, Any]]:

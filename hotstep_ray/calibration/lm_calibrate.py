@@ -37,12 +37,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field
 
 from hotstep_ray.audition.planner import LoadedLm, PlannerLM, shared_copy
 from hotstep_ray.audition.schemas import LmRequest, LmSampling
-from hotstep_ray.calibration import grid, metrics
+from hotstep_ray.calibration import metrics
 from hotstep_ray.calibration.grid import WorkerFactory, WorkItem, WorkResult
+from hotstep_ray.calibration.options import CalibrationGrid
 from hotstep_ray.calibration.prompts import Prompt
 from hotstep_ray.calibration.ray_calibrate import Runner, run_local
 from hotstep_ray.calibration.recipe import KindPlan, calibrate_run
@@ -66,23 +67,13 @@ METRIC = {
 }
 
 
-class LmCalibrationConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    scales: tuple[float, ...] = grid.DEFAULT_SCALES
-    seeds: int = Field(default=grid.DEFAULT_SEEDS, ge=1, le=512)
-    base_seed: int = Field(default=grid.DEFAULT_BASE_SEED, ge=0, le=2**62)
+class LmCalibrationConfig(CalibrationGrid):
     duration_s: float | None = Field(default=None, ge=1.0, le=600.0)  # None: the LM plans it
     sampling: LmSampling = Field(default_factory=LmSampling)
     memorisation_limit_codes: int = Field(default=metrics.MEMORISATION_LIMIT_CODES, ge=1)
     length_floor: float = Field(default=metrics.LENGTH_FLOOR, ge=0.0, le=1.0)
     include_final: bool = True  # the run's own adapter is a candidate besides the milestones
     max_batch: int = Field(default=DEFAULT_MAX_BATCH, ge=1, le=64)  # requests decoded together
-
-    @field_validator("scales", mode="before")
-    @classmethod
-    def _scales(cls, value: Any) -> tuple[float, ...]:
-        return grid.parse_scales(value)
 
 
 def lm_requests(prompts: Sequence[Prompt], config: LmCalibrationConfig) -> list[dict[str, Any]]:

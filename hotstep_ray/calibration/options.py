@@ -1,25 +1,28 @@
-"""What `calibrate run` is asked for (`CalibrateOptions`): the grid, its seeds and render
-length, and the LM's sampling; torch-free, so the CLI builds its options from it at start-up.
+"""What a calibration is asked for, torch-free so the CLI builds its options at start-up.
 
-The LM and DiT calibrators take their own configs (`LmCalibrationConfig`,
-`DitCalibrationConfig`); `lm_config` and `dit_config` make them from these options, so every
-default is the one written here, in `grid` or in the audition API's `LmSampling`.
+`CalibrationGrid`: the grid every calibration runs (scales x candidates, `seeds` generations
+each), which the LM and DiT calibrators' configs (`LmCalibrationConfig`, `DitCalibrationConfig`)
+extend. `CalibrateOptions`: what `calibrate run` takes, the grid plus the LM's sampling (the
+audition API's `LmSampling`) and the run's inputs; `grid_fields` and `sampling` hand them to
+either config, so every default is the one written here, in `grid` or in `LmSampling`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hotstep_ray.audition.schemas import LmSampling
 from hotstep_ray.calibration import grid
 from hotstep_ray.core.contracts import LM_CALIBRATION_MAX_BATCH_DEFAULT
 
 
-class CalibrateOptions(LmSampling):
-    """One calibration: every candidate (the run's adapter, its milestones) x every scale, each
-    generated `seeds` times. The sampling fields are the LM's (a DiT run ignores them)."""
+class CalibrationGrid(BaseModel):
+    """Every candidate (the run's adapter, its milestones) x every scale, each generated `seeds`
+    times from consecutive seeds."""
+
+    model_config = ConfigDict(extra="forbid")
 
     scales: tuple[float, ...] = Field(
         default=grid.DEFAULT_SCALES, description="Adapter scales to try, in (0, 2]."
@@ -36,6 +39,16 @@ class CalibrateOptions(LmSampling):
         le=2**62,
         description="Seed of generation 0 (then +1 each).",
     )
+
+    @field_validator("scales", mode="before")
+    @classmethod
+    def _scales(cls, value: Any) -> tuple[float, ...]:
+        return grid.parse_scales(value)
+
+
+class CalibrateOptions(LmSampling, CalibrationGrid):
+    """`calibrate run`'s options. The sampling fields are the LM's (a DiT run ignores them)."""
+
     duration_s: float = Field(
         default=0.0,
         ge=0.0,
@@ -59,15 +72,10 @@ class CalibrateOptions(LmSampling):
         default=True, description="Make the calibrated folder what the artist resolves to."
     )
 
-    @field_validator("scales", mode="before")
-    @classmethod
-    def _scales(cls, value: Any) -> tuple[float, ...]:
-        return grid.parse_scales(value)
-
     def sampling(self) -> LmSampling:
         return LmSampling(**self.model_dump(include=set(LmSampling.model_fields)))
 
     def grid_fields(self) -> dict[str, Any]:
         """scales, seeds and base_seed, plus duration_s when one was asked for."""
-        fields = {"scales": self.scales, "seeds": self.seeds, "base_seed": self.base_seed}
+        fields = self.model_dump(include=set(CalibrationGrid.model_fields))
         return {**fields, "duration_s": self.duration_s} if self.duration_s else fields
