@@ -709,31 +709,23 @@ def preprocess_stage(
     samples are skipped."""
     from hotstep_ray.preprocess.run import preprocess_dataset
 
-    with _sub_job(job, "preprocess", follow=False) as sub:
-        if not on_ray:
-            return preprocess_dataset(
-                storage,
-                detail.slug,
-                recipe.preprocess,
-                checkpoints,
-                "local",
-                sub.events,
-                device=recipe.device,
-            )
-        with (
+    with _sub_job(job, "preprocess", follow=False) as sub, contextlib.ExitStack() as ray_data:
+        if on_ray:
             # first: importing ray.data (re)configures its loggers, which `_quiet` then adjusts
-            _data_context(max_tasks_in_flight_per_actor=recipe.encoder_tasks_in_flight),
-            _quiet("ray.data"),
-        ):
-            return preprocess_dataset(
-                storage,
-                detail.slug,
-                recipe.preprocess,
-                checkpoints,
-                "ray",
-                sub.events,
-                ray_config=recipe.pipeline,
+            ray_data.enter_context(
+                _data_context(max_tasks_in_flight_per_actor=recipe.encoder_tasks_in_flight)
             )
+            ray_data.enter_context(_quiet("ray.data"))
+        return preprocess_dataset(
+            storage,
+            detail.slug,
+            recipe.preprocess,
+            checkpoints,
+            "ray" if on_ray else "local",
+            sub.events,
+            device=recipe.device,  # the in-process encoder's; Ray Data's actors pick their own
+            ray_config=recipe.pipeline,
+        )
 
 
 def train_dit_stage(

@@ -49,14 +49,7 @@ from hotstep_ray.core.contracts import CheckpointCadence, TrainLmOptions
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.events import EventLog
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.training import (
-    adapters,
-    checkpoint,
-    compiling,
-    flat_grads,
-    holdout,
-    lm_loss,
-)
+from hotstep_ray.training import adapters, checkpoint, compiling, flat_grads, holdout, lm_loss
 from hotstep_ray.training import lm_data as data
 from hotstep_ray.training.lm_save import (
     LmRunResult,
@@ -111,14 +104,9 @@ def run_epoch(setup: LmSetup, state: LmTrainState, epoch: int) -> dict[str, Any]
     keep_grads = setup.compile == "reduce-overhead"  # see `compiling.stable_grads`
     for window in _windows(mine, options.grad_accum):
         # a shape's first steps compile and capture: never beside another trainer's (capture_gate)
-        shape = tuple(
-            (len(group), data.row_width(setup.examples, group, setup.pad_multiple))
-            for group in window
-        )
+        shape = tuple(data.group_shape(setup.examples, g, setup.pad_multiple) for g in window)
         with setup.warmup.step(shape):
-            if (
-                setup.compile == "reduce-overhead"
-            ):  # a new step: the last step's graph outputs are dead
+            if setup.compile == "reduce-overhead":  # a new step: the last one's outputs are dead
                 torch.compiler.cudagraph_mark_step_begin()
             in_window = sum(len(row) for group in window for row in group)
             window_loss = torch.zeros((), device=setup.device)

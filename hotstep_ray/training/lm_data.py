@@ -638,7 +638,12 @@ def compiled_shapes(
     examples: Sequence[LmExample], groups: Sequence[Group], pad_multiple: int
 ) -> set[tuple[int, int]]:
     """The distinct `[R, T]` micro-batch shapes of `groups`: one compile (and graph) each."""
-    return {(len(g), row_width(examples, g, pad_multiple)) for g in groups}
+    return {group_shape(examples, g, pad_multiple) for g in groups}
+
+
+def group_shape(examples: Sequence[LmExample], group: Group, pad_multiple: int) -> tuple[int, int]:
+    """`[R, T]` of the micro-batch `group` collates to: its rows and their padded width."""
+    return len(group), row_width(examples, group, pad_multiple)
 
 
 # An eager step costs about this many compiled ones at the same shape: the 4B's eager and
