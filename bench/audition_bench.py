@@ -32,14 +32,12 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
-import json
 import os
 import platform
 import statistics
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -49,6 +47,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, no install
+
+from bench_report import JsonReport, percentile, seeded_codes  # noqa: E402
 
 from hotstep_ray.audition.decode import CodesDecoder, pcm16_wav  # noqa: E402
 from hotstep_ray.audition.planner import LoadedLm, PlannerLM, shared_copy  # noqa: E402
@@ -98,19 +98,13 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
-
-
 def _stats(ms: list[float]) -> dict[str, float]:
     return {
         "n": len(ms),
         "median_ms": round(statistics.median(ms), 3),
-        "p50_ms": round(_percentile(ms, 50), 3),
-        "p90_ms": round(_percentile(ms, 90), 3),
-        "p99_ms": round(_percentile(ms, 99), 3),
+        "p50_ms": round(percentile(ms, 50), 3),
+        "p90_ms": round(percentile(ms, 90), 3),
+        "p99_ms": round(percentile(ms, 99), 3),
         "min_ms": round(min(ms), 3),
         "max_ms": round(max(ms), 3),
     }
@@ -129,11 +123,6 @@ def _mem(device: torch.device) -> dict[str, float]:
 def _reset_peak(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-
-
-def _codes(seconds: float, seed: int) -> list[int]:
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 64000, (int(seconds * 5),), generator=generator).tolist()
 
 
 def _param_gib(*modules: torch.nn.Module) -> float:
@@ -249,7 +238,7 @@ def bench_decode(args, device, dtype, record: Callable[[dict], None], parts) -> 
             warm["reserved_after_warm_gib"] = round(torch.cuda.memory_reserved(device) / GIB, 3)
         weights = _param_gib(decoder.quantizer, decoder.detokenizer, decoder.vae.vae)
         for seconds in args.decode_seconds:
-            codes = _codes(seconds, seed=int(seconds))
+            codes = seeded_codes(seconds, seed=int(seconds))
             row: dict[str, Any] = {
                 "section": "decode",
                 "config": name,
@@ -335,7 +324,7 @@ def bench_decode_load(args, device, dtype, record, parts) -> None:
         record({"section": "decode-load", "skipped": "time budget"})
         return
     decoder = make_decoder(parts, args.load_vae_config)
-    clips = [_codes(args.load_seconds, seed=i) for i in range(8)]
+    clips = [seeded_codes(args.load_seconds, seed=i) for i in range(8)]
     decoder.decode(clips[0])
 
     def one(i: int) -> float:
@@ -569,23 +558,8 @@ def main() -> int:
         "errors": [],
     }
 
-    def flush() -> None:
-        out.write_text(json.dumps(report, indent=2, default=str) + "\n")
-
-    def record(row: dict) -> None:
-        report["rows"].append(row)
-        print(json.dumps(row, default=str), flush=True)
-        flush()
-
-    def attempt(name: str, fn: Callable[[], None]) -> None:
-        try:
-            fn()
-        except Exception as exc:  # one section failing never loses the others
-            report["errors"].append(
-                {"section": name, "error": repr(exc), "trace": traceback.format_exc()}
-            )
-            print(f"[{name}] failed: {exc!r}", file=sys.stderr, flush=True)
-            flush()
+    log = JsonReport(out, report)
+    flush, record, attempt = log.write, log.record, log.attempt
 
     if {"decode", "decode-load"} & set(args.sections):
         holder: dict[str, Any] = {}

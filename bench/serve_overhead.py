@@ -65,7 +65,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 import urllib.parse
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -75,6 +74,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from anywhere, no install
+from bench_report import JsonReport, percentile, seeded_codes  # noqa: E402
 
 WARMUP = 2  # untimed requests per path before its rows
 APP_NAME = "audition"  # main_job.AUDITION_APP
@@ -91,18 +91,11 @@ Call = Callable[[], tuple[float, bytes | str]]
 # --------------------------------------------------------------------------- helpers
 
 
-def _percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile on the sorted values (audition_bench's rule)."""
-    ordered = sorted(values)
-    rank = round(q / 100 * (len(ordered) - 1))
-    return ordered[min(len(ordered) - 1, max(0, rank))]
-
-
 def _summary(ms: list[float], prefix: str = "") -> dict[str, float]:
     return {
-        f"{prefix}p50_ms": round(_percentile(ms, 50), 3),
-        f"{prefix}p90_ms": round(_percentile(ms, 90), 3),
-        f"{prefix}p99_ms": round(_percentile(ms, 99), 3),
+        f"{prefix}p50_ms": round(percentile(ms, 50), 3),
+        f"{prefix}p90_ms": round(percentile(ms, 90), 3),
+        f"{prefix}p99_ms": round(percentile(ms, 99), 3),
         f"{prefix}mean_ms": round(statistics.fmean(ms), 3),
         f"{prefix}min_ms": round(min(ms), 3),
         f"{prefix}max_ms": round(max(ms), 3),
@@ -111,15 +104,6 @@ def _summary(ms: list[float], prefix: str = "") -> dict[str, float]:
 
 def _fingerprint(value: bytes | str) -> str:
     return value if isinstance(value, str) else hashlib.sha1(value).hexdigest()
-
-
-def make_codes(seconds: float, seed: int) -> list[int]:
-    """Deterministic 5 Hz FSQ codes in [0, 64000) for `seconds` of audio (audition_bench's way:
-    a seeded torch generator)."""
-    import torch
-
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 64000, (int(seconds * 5),), generator=generator).tolist()
 
 
 def run_load(call: Call, concurrency: int, requests: int, client_warmup: bool) -> dict[str, Any]:
@@ -175,9 +159,9 @@ def run_load(call: Call, concurrency: int, requests: int, client_warmup: bool) -
         "wall_s": round(wall, 3),
         "throughput_rps": round(len(samples) / wall, 3),
         **_summary(latency),
-        "inner_ms_p50": round(_percentile(inner, 50), 3),
-        "outside_ms_p50": round(_percentile(outside, 50), 3),
-        "outside_ms_p99": round(_percentile(outside, 99), 3),
+        "inner_ms_p50": round(percentile(inner, 50), 3),
+        "outside_ms_p50": round(percentile(outside, 50), 3),
+        "outside_ms_p99": round(percentile(outside, 99), 3),
         "sha1": counts.most_common(1)[0][0],  # the modal one
         "distinct_sha1": len(counts),
     }
@@ -573,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     # as each replica does (_torch_setup): one torch thread on CPU
     if app_defaults.cpu_threads > 0 and not torch.cuda.is_available():
         torch.set_num_threads(app_defaults.cpu_threads)
-    codes = make_codes(args.seconds, seed=int(args.seconds))
+    codes = seeded_codes(args.seconds, seed=int(args.seconds))
     ctx: dict[str, Any] = {
         "checkpoints": checkpoints,
         "data": data,
@@ -605,28 +589,15 @@ def main(argv: list[str] | None = None) -> int:
         "errors": [],
     }
 
-    def flush() -> None:
+    def refresh() -> None:
         report["device"] = str(ctx.get("device")) if ctx.get("device") else None
         for key in ("gpu", "ray", "dtype", "lm"):
             if key in ctx:
                 report[key] = ctx[key]
         add_overheads(report)
-        out.write_text(json.dumps(report, indent=2, default=str) + "\n")
 
-    def record(row: dict) -> None:
-        report["rows"].append(row)
-        flush()
-        print(json.dumps(row, default=str), flush=True)
-
-    def attempt(name: str, fn: Callable[[], None]) -> None:
-        try:
-            fn()
-        except Exception as exc:  # one section failing never loses the others
-            report["errors"].append(
-                {"section": name, "error": repr(exc), "trace": traceback.format_exc()}
-            )
-            print(f"[{name}] failed: {exc!r}", file=sys.stderr, flush=True)
-            flush()
+    log = JsonReport(out, report, refresh)
+    flush, record, attempt = log.write, log.record, log.attempt
 
     # In-process first, its models freed before Ray starts: the two never share the GPU.
     attempt("in-process-decode", lambda: in_process_decode(args, ctx, record))
