@@ -519,6 +519,7 @@ def check_args(path: Path, args: list[str]) -> str | None:
 
     saved = sys.argv, list(sys.path), dict(os.environ)
     sys.argv = [str(path), *args]
+    sys.path.insert(0, str(path.parent))  # as `python path` does: the script's folder first
     messages = io.StringIO()
     argparse.ArgumentParser.parse_args = parse_then_stop  # type: ignore[method-assign]
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -107,8 +108,10 @@ def s3_root(monkeypatch) -> Iterator[tuple[str, dict[str, Any]]]:
     }
     import fsspec
 
-    fsspec.filesystem("s3", **options).mkdir("studio-bucket")
-    yield "s3://studio-bucket/hotstep", options
+    # moto keeps its buckets per process, not per server: a fresh name per test
+    bucket = f"studio-{uuid.uuid4().hex[:12]}"
+    fsspec.filesystem("s3", **options).mkdir(bucket)
+    yield f"s3://{bucket}/hotstep", options
     server.stop()
 
 
