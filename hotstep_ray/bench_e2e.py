@@ -114,7 +114,9 @@ class E2eOptions(Options):
         default=False,
         description="make's tiny CPU tree instead of a full-size random one (tests, a dry look).",
     )
-    ray_train: bool = Field(default=True, description="make --ray-train / --no-ray-train.")
+    ray_train: bool | None = Field(
+        default=None, description="make --ray-train / --no-ray-train (unset: make's choice)."
+    )
     skip_audition: bool = Field(default=False, description="make --skip-audition.")
     in_process: bool = Field(
         default=False,
@@ -290,8 +292,8 @@ def make_args(config: MainJobConfig) -> list[str]:
         args += ["--checkpoints", config.checkpoints]
     if config.epochs:
         args += ["--epochs", str(config.epochs)]
-    if not config.ray_train:
-        args.append("--no-ray-train")
+    if config.ray_train is not None:
+        args.append("--ray-train" if config.ray_train else "--no-ray-train")
     if not config.train:
         args.append("--skip-train")
     if not config.audition:

@@ -8,11 +8,12 @@ labeled dataset → tensor cache → DiT and LM adapters → an A/B over HTTP, o
                missing, so a user's own caption or BPM is never replaced
   build        the Side-Step `dataset.json`
   checkpoints  `--checkpoints DIR`, or the tiny tree written once under <data>/checkpoints/tiny
-  preprocess   the safetensors tensor cache on Ray Data (cached samples are skipped)
+  preprocess   the safetensors tensor cache on Ray Data or in this process (`placement`;
+               cached samples are skipped)
   train-dit    a DiT adapter run (Ray Train, one worker; or in this process); the recorded run
                is reused when nothing it depends on changed, an interrupted one continued
                (`RunRecord`)
-  train-lm     an LM adapter run (same)
+  train-lm     an LM adapter run (same), beside the DiT's
   audition     the audition Serve app on 127.0.0.1, one A/B over HTTP, Serve stopped again
   report       a PNG of both runs' loss per step
 
@@ -86,7 +87,7 @@ from hotstep_ray.dataset.store import (
     load_dataset,
 )
 from hotstep_ray.distributed.map import RayMap
-from hotstep_ray.distributed.runtime import ensure_ray
+from hotstep_ray.distributed.runtime import ensure_ray, one_machine
 from hotstep_ray.labeling.job import LabelReport
 from hotstep_ray.labeling.ray_pool import label_dataset_on_ray
 from hotstep_ray.preprocess.plan import META_FILE
@@ -131,10 +132,40 @@ class MainJobConfig:
     ray_address: str | None = None  # None: $RAY_ADDRESS or a new local Ray
     checkpoints: str | None = None  # real ACE-Step 1.5 weights; None: the tiny tree
     epochs: int | None = None  # both trainers; None: the recipe's
-    ray_train: bool = True  # preprocess on Ray Data, train on Ray Train; False: in this process
+    # True: preprocess on Ray Data, train on Ray Train; False: all in this process; None: as
+    # `placement` decides for the Ray it finds
+    ray_train: bool | None = None
     train: bool = True  # False: stop after preprocessing
     audition: bool = True  # False: no Serve app, no A/B
     retrain: bool = False  # train new adapter runs even when nothing they depend on changed
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the heavy stages run: True = on Ray (Data's encoder actors, a Ray Train job), False =
+    in this process."""
+
+    preprocess: bool
+    dit: bool
+    lm: bool
+
+    def where(self, on_ray: bool) -> str:
+        return "Ray Train" if on_ray else "in process"
+
+
+def placement(ray_train: bool | None, one_machine: bool, gpus: float) -> Placement:
+    """`ray_train` True or False puts everything on Ray or in this process. Unset, a Ray that is
+    this machine with one GPU encodes and trains the DiT here, the LM on Ray Train beside it: a
+    Ray Data actor or a Ray Train worker is a process to start and fill with imports before it
+    works, seconds on the job's longest path (preprocess, then the DiT), while a second trainer
+    in this process would share its interpreter with the DiT's steps; the LM, the shorter run,
+    pays its worker's start off that path. On a cluster, several GPUs (Ray Data encodes on all of
+    them) or CPUs only (each trainer wants cores of its own), everything runs on Ray."""
+    if ray_train is not None:
+        return Placement(ray_train, ray_train, ray_train)
+    if one_machine and gpus == 1:
+        return Placement(preprocess=False, dit=False, lm=True)
+    return Placement(True, True, True)
 
 
 @dataclass(frozen=True)
@@ -381,6 +412,8 @@ def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> Ma
             songs, detail = dataset_stage(job, storage, config)
             row.note(f"{len(detail.samples)} songs, dataset {detail.slug!r}", songs.url)
             preload.join()  # counted here: what imports outlast of Ray's start is still waited
+        ray = ensure_ray(config.ray_address)  # as the dataset stage started or joined it
+        place = placement(config.ray_train, one_machine(), ray.cluster_resources().get("GPU", 0))
         job.summary.dataset_id = detail.id
         with _stage(job, reports, "label", clock) as row:
             label_report, detail = label_stage(job, storage, detail)
@@ -392,20 +425,20 @@ def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> Ma
             checkpoints, recipe, tiny = checkpoints_stage(job, storage, config)
             row.note("tiny tree (CPU)" if tiny else "real weights", str(checkpoints))
         with _stage(job, reports, "preprocess", clock) as row:
-            pre = preprocess_stage(job, storage, detail, checkpoints, recipe, config.ray_train)
+            pre = preprocess_stage(job, storage, detail, checkpoints, recipe, place.preprocess)
             counts = f"{pre.processed} encoded, {pre.cached} cached, {pre.failed} failed"
             row.note(counts, pre.tensor_dir)
         if config.train:
-            where = "Ray Train" if config.ray_train else "in process"
             runs = RunRecord(storage, detail.slug)
 
-            def trainer(name: str, train: Callable[..., tuple[TrainedAdapter, str]]):
+            def trainer(name: str, train: Callable[..., tuple[TrainedAdapter, str]], on_ray: bool):
                 def stage() -> TrainedAdapter:
                     with _stage(job, reports, name, clock) as row:
                         run, how = train(
-                            job, storage, detail, pre, checkpoints, recipe, config, runs
+                            job, storage, detail, pre, checkpoints, recipe, config, runs, on_ray
                         )
-                        row.note(_train_summary(run, how or where), run.url, _loss_change(run))
+                        where = how or place.where(on_ray)
+                        row.note(_train_summary(run, where), run.url, _loss_change(run))
                         row.epochs, row.epoch_ends = _epochs_run(run, how)
                     return run
 
@@ -413,11 +446,15 @@ def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> Ma
 
             # Neither trainer needs the other's adapter, so they run side by side: on Ray each in
             # worker processes of its own (on one GPU, each asks for the share of it its memory
-            # takes); in this process on threads of their own when they train on a GPU, where a
-            # step is kernels queued to the device and the interpreter mostly waits. On the CPU
-            # two threads would contend for the cores torch's kernels use, so one after the other.
-            side_by_side = config.ray_train or _trains_on_gpu(recipe)
-            stages = (trainer("train-dit", train_dit_stage), trainer("train-lm", train_lm_stage))
+            # takes), or one here and one on Ray; both in this process on threads of their own
+            # when they train on a GPU, where a step is kernels queued to the device and the
+            # interpreter mostly waits. On the CPU two threads would contend for the cores
+            # torch's kernels use, so one after the other.
+            side_by_side = place.dit or place.lm or _trains_on_gpu(recipe)
+            stages = (
+                trainer("train-dit", train_dit_stage, place.dit),
+                trainer("train-lm", train_lm_stage, place.lm),
+            )
             with contextlib.ExitStack() as serving:
                 app = None
                 if config.audition:
@@ -716,7 +753,7 @@ def preprocess_stage(
                 _data_context(max_tasks_in_flight_per_actor=recipe.encoder_tasks_in_flight)
             )
             ray_data.enter_context(_quiet("ray.data"))
-        return preprocess_dataset(
+        result = preprocess_dataset(
             storage,
             detail.slug,
             recipe.preprocess,
@@ -726,6 +763,12 @@ def preprocess_stage(
             device=recipe.device,  # the in-process encoder's; Ray Data's actors pick their own
             ray_config=recipe.pipeline,
         )
+    if not on_ray:
+        import torch
+
+        if torch.cuda.is_available():  # the encoders' blocks, for the trainers' other processes
+            torch.cuda.empty_cache()
+    return result
 
 
 def train_dit_stage(
@@ -737,6 +780,7 @@ def train_dit_stage(
     recipe: Recipe,
     config: MainJobConfig,
     runs: RunRecord,
+    on_ray: bool,
 ) -> tuple[TrainedAdapter, str]:
     """The DiT adapter run on the tensor cache, as its own `train-dit` job: the recorded run when
     nothing it depends on changed, the interrupted one continued from its checkpoint, or a new
@@ -759,7 +803,7 @@ def train_dit_stage(
     if resume:
         job.events.log(f"continuing the interrupted DiT run {storage.url_of(run_key)}")
     runs.start("dit", fingerprint, run_key)
-    with _sub_job(job, "train-dit", follow=config.ray_train) as sub:
+    with _sub_job(job, "train-dit", follow=on_ray) as sub:
         settings = dit.DitSettings(
             checkpoints_dir=str(checkpoints),
             artist=detail.slug,
@@ -770,7 +814,7 @@ def train_dit_stage(
             resume=resume,
         )
         sub.phase("train")
-        if config.ray_train:
+        if on_ray:
             from hotstep_ray.training.ray_dit import train_dit_on_ray
 
             ray_result = train_dit_on_ray(
@@ -806,6 +850,7 @@ def train_lm_stage(
     recipe: Recipe,
     config: MainJobConfig,
     runs: RunRecord,
+    on_ray: bool,
 ) -> tuple[TrainedAdapter, str]:
     """The LM adapter run on the cache's 5 Hz codes, as its own `train-lm` job (reused, continued
     or new, as the DiT's). The trigger is each song's tag as preprocessed (the dataset's
@@ -828,14 +873,14 @@ def train_lm_stage(
     run_key = plan.run_key if resume else ""
     if resume:
         job.events.log(f"continuing the interrupted LM run {storage.url_of(run_key)}")
-    with _sub_job(job, "train-lm", follow=config.ray_train) as sub:
+    with _sub_job(job, "train-lm", follow=on_ray) as sub:
         spec = lm_spec.LmTrainSpec(
             options=options,
             lm_dir=str(lm_dir),
             codes_key=layout.find_lm_codes(storage, detail.slug, pre.variant_key),
             artist=detail.slug,
             engine=recipe.lm_engine,
-            events_key=layout.job_events(sub.id) if config.ray_train else "",
+            events_key=layout.job_events(sub.id) if on_ray else "",
             job_id=sub.id,
             run_key=run_key,
         )
@@ -846,7 +891,7 @@ def train_lm_stage(
             )
         runs.start("lm", fingerprint, spec.run_key)
         sub.phase("train")
-        if config.ray_train:
+        if on_ray:
             from hotstep_ray.training.ray_lm import run_lm_on_ray
 
             result = run_lm_on_ray(

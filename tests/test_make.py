@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from hotstep_ray.audio.io import encode_audio
 from hotstep_ray.audio.synth import SongSpec, render_song
 from hotstep_ray.cli.main import app
+from hotstep_ray.main_job import Placement, placement
 
 RATE_HZ = 48_000
 
@@ -152,9 +153,20 @@ def test_make_turns_a_folder_into_adapters_and_reruns_only_what_changed(
         second["lm"]["run_key"],
     )
     assert all("unchanged, reused" in s["summary"] for s in third["stages"] if "train" in s["name"])
-    # --retrain trains new runs anyway.
-    fourth = json.loads(CliRunner().invoke(app, [*train, "--retrain"]).stdout)
+    # --retrain trains new runs anyway; here placed as on a Ray that is this machine with one GPU:
+    # the DiT in this process, the LM on Ray Train beside it.
+    from hotstep_ray import main_job
+
+    mixed = Placement(preprocess=False, dit=False, lm=True)
+    monkeypatch.setattr(main_job, "placement", lambda *_: mixed)
+    placed = ["make", str(songs), "--data", str(data), "--tag", "mybnd", "--skip-audition"]
+    retrained = CliRunner().invoke(app, [*placed, "--json", "--retrain"])
+    assert retrained.exit_code == 0, retrained.output
+    fourth = json.loads(retrained.stdout)
     assert fourth["lm"]["run_key"] != third["lm"]["run_key"]
+    summaries = {s["name"]: s["summary"] for s in fourth["stages"]}
+    assert "(in process)" in summaries["train-dit"] and "(Ray Train)" in summaries["train-lm"]
+    assert fourth["lm"]["epoch_losses"][-1] < fourth["lm"]["epoch_losses"][0]
 
 
 @pytest.mark.ray
@@ -186,3 +198,13 @@ def test_without_essentia_the_label_stage_warns_and_the_sidecars_stand(
     assert [s.caption for s in after.samples] == ["Keys"]
     warnings = [e.message for e in read_job_events(storage, job.id) if e.type == "log"]
     assert any("labels skipped" in message for message in warnings)
+
+
+def test_placement_keeps_the_longest_path_in_this_process_on_one_gpu_machine():
+    """Unset, a Ray that is this machine with one GPU encodes and trains the DiT here and the LM
+    on Ray Train; a cluster, several GPUs or none put everything on Ray; a choice is kept."""
+    assert placement(None, True, 1) == Placement(preprocess=False, dit=False, lm=True)
+    everything = Placement(True, True, True)
+    assert placement(None, False, 1) == placement(None, True, 2) == everything
+    assert placement(None, True, 0) == placement(True, True, 1) == everything
+    assert placement(False, False, 8) == Placement(False, False, False)

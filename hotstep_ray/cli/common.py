@@ -318,7 +318,7 @@ def contract_parameters(
         help_text = f"{field.description} " if field.description else ""
         help_text += f"Default: {shown!r}." if shown == "" else f"Default: {shown}."
         annotation: Any = field.annotation
-        if annotation is bool:
+        if annotation in (bool, bool | None):  # None: the contract decides when neither is given
             option = typer.Option(None, f"{flag}/--no-{flag[2:]}", help=help_text)
         elif get_origin(annotation) is Literal:
             # the choices in --help; pydantic checks the text, so a bad choice is one `error:`

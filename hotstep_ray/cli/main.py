@@ -80,10 +80,12 @@ _EPOCHS = typer.Option(
     None, min=1, help="Epochs of both trainers (default: 8 DiT / 4 LM tiny; contract's real)."
 )
 _RAY_TRAIN = typer.Option(
-    True,
+    None,
     "--ray-train/--no-ray-train",
     help="Preprocess on Ray Data and train on Ray Train (1 worker each), or all in this process "
-    "(the two trainers side by side on a GPU).",
+    "(the two trainers side by side on a GPU). Default: on a Ray that is this machine with one "
+    "GPU, preprocess and the DiT here and the LM on Ray Train beside it; else all on Ray.",
+    show_default=False,
 )
 _SKIP_TRAIN = typer.Option(False, "--skip-train", help="Stop after preprocessing.")
 _SKIP_AUDITION = typer.Option(False, "--skip-audition", help="Train, but start no audition app.")
@@ -106,7 +108,7 @@ def make(
     ray_address: str = _RAY_ADDRESS,
     checkpoints: str = _CHECKPOINTS,
     epochs: int | None = _EPOCHS,
-    ray_train: bool = _RAY_TRAIN,
+    ray_train: bool | None = _RAY_TRAIN,
     skip_train: bool = _SKIP_TRAIN,
     skip_audition: bool = _SKIP_AUDITION,
     retrain: bool = _RETRAIN,
@@ -142,7 +144,7 @@ def demo(
     ray_address: str = _RAY_ADDRESS,
     checkpoints: str = _CHECKPOINTS,
     epochs: int | None = _EPOCHS,
-    ray_train: bool = _RAY_TRAIN,
+    ray_train: bool | None = _RAY_TRAIN,
     skip_train: bool = _SKIP_TRAIN,
     skip_audition: bool = _SKIP_AUDITION,
     retrain: bool = _RETRAIN,

@@ -51,6 +51,15 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, quiet: b
     return ray
 
 
+def one_machine() -> bool:
+    """Whether the connected Ray is this machine alone (a local Ray, or a one-node head here)."""
+    import ray
+
+    here = ray.get_runtime_context().get_node_id()
+    alive = [node["NodeID"] for node in ray.nodes() if node.get("Alive")]
+    return alive == [here]
+
+
 def shutdown_ray() -> None:
     import ray
 
