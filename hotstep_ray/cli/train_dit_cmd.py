@@ -152,7 +152,7 @@ def _run(
         None,
         help="Continue a run: its folder (key or path: from its newest checkpoint, in that "
         "folder), `latest` (the latest run of this dataset/artist), or a checkpoint folder key "
-        "(<run>/checkpoint, ray_results/train-dit-<run>/checkpoint_<step>).",
+        "(<run>/checkpoint, ray_results/<run key>/checkpoint_<step>).",
     ),
     run_key: str | None = typer.Option(
         None, help="Run folder key (default: a new one; with --resume RUN, that run's)."

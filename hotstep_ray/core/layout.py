@@ -43,6 +43,9 @@ DIFFUSERS_NAMES_DIR = "diffusers_names"
 # ... and its resumable state (adapter, optimizer, RNG), which both trainers write there; the LM
 # removes it once the run is exported
 RUN_CHECKPOINT_DIR = "checkpoint"
+# Where Ray Train keeps its own state of a `--ray` run (its checkpoints and results), one folder
+# per run (`ray_run_dir`).
+RAY_RESULTS = "ray_results"
 
 # Exact DiT model stems (after quant-suffix stripping) and their adapter-folder shorthand.
 _DIT_SHORTHANDS = {
@@ -200,6 +203,18 @@ def weights_key(storage: Storage, folder: str) -> str | None:
 
 def has_weights(storage: Storage, key: str) -> bool:
     return any(storage.exists(f"{key}/{name}") for name in ADAPTER_WEIGHT_FILES)
+
+
+def ray_run_name(run_key: str) -> str:
+    """Ray Train's name of the run in `run_key`: the whole key, "/" as "_", so no two runs share
+    it (two artists' runs may share a stamp). Every worker and restart of the run, and a later
+    `--ray` resume into the same folder, use it."""
+    return run_key.strip("/").replace("/", "_")
+
+
+def ray_run_dir(run_key: str) -> str:
+    """Ray Train's folder of the run in `run_key`, whether or not one was written."""
+    return f"{RAY_RESULTS}/{ray_run_name(run_key)}"
 
 
 def new_run_dir(storage: Storage, base: str, artist: str, now: float | None = None) -> str:

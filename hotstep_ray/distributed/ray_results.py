@@ -22,9 +22,8 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
+from hotstep_ray.core.layout import RAY_RESULTS as RESULTS_DIR
 from hotstep_ray.core.storage import Storage
-
-RESULTS_DIR = "ray_results"
 
 
 def results_location(storage: Storage, subdir: str = RESULTS_DIR) -> dict[str, Any]:

@@ -98,7 +98,7 @@ def train_mm3_on_ray(
         )
     artist = layout.check_name(options.adapter_name or slug, "adapter name")
     run_key = layout.new_run_dir(storage, train.ADAPTER_BASE, artist)
-    run_name = "mm3-train-dit-" + run_key.rsplit("/", 1)[-1]
+    run_name = layout.ray_run_name(run_key)
     trainer = TorchTrainer(
         _worker,
         train_loop_config={

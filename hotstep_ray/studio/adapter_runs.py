@@ -6,8 +6,12 @@ its adapter is the best one exported before that). An LM run is finished, unfini
 checkpoint, no adapter yet), training (the job its checkpoint names is alive), or unexported
 (trained without the export stage).
 
-The studio also hands out an adapter's folder as a zip and deletes it: both only for an id the
-listing shows, so a request can never name a key outside `<root>/adapters`.
+Each row also says what the run's own files tell of its adapter: the ΔW/W report a finished DiT
+run's log holds (an LM log has none) and the calibration baked into `<run>-calibrated/`.
+
+The studio also hands out an adapter's folder as a zip and deletes it (with the folder Ray Train
+kept for a `--ray` run): both only for an id the listing shows, so a request can never name a key
+outside `<root>/adapters` and `<root>/ray_results`.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from hotstep_ray.calibration.runs import calibrated_key, is_calibrated
 from hotstep_ray.core import layout
 from hotstep_ray.core.errors import HotstepError, InputError
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.studio.errors import ConflictError, NotFoundError
+from hotstep_ray.training.dit_log import LOG_FILE as DIT_LOG_FILE
 from hotstep_ray.training.warm_start import (  # written once, when the run stops
     LM_LOG_FILE,
     lm_stopped,
@@ -40,6 +46,11 @@ if TYPE_CHECKING:
 # The LM checkpoint's commit point, spelled here because `training.checkpoint` loads torch and
 # listing adapters must not (a test checks it agrees with `checkpoint.MANIFEST`).
 LM_CHECKPOINT_MANIFEST = f"{layout.RUN_CHECKPOINT_DIR}/checkpoint.json"
+# Spelled here for the same reason (their modules load torch; a test checks they agree): the
+# ΔW/W median past which `training.export` flags a group, and the calibration's report
+# (`calibration.bake.EVAL_FILE`).
+DELTA_FLAG_RATIO = 0.05
+CALIBRATION_FILE = "hot_step_eval.json"
 # Read size while zipping: large enough for few object-store GETs, small enough to stream.
 ZIP_CHUNK_BYTES = 1 << 20
 _UNSAFE_FILENAME = re.compile(r"[^A-Za-z0-9._-]+")
@@ -59,9 +70,13 @@ def entries(storage: Storage) -> list[AdapterEntry]:
     return [*list_adapters(storage), *unexported_lm_runs(storage)]
 
 
-def to_json(rows: list[tuple[AdapterEntry, str, str]]) -> list[dict[str, Any]]:
-    """`with_status`'s rows as `adapters list --json` prints them (and the studio serves them)."""
-    return [{**e.to_json_dict(), "status": state, "statusDetail": text} for e, state, text in rows]
+def to_json(storage: Storage, rows: list[tuple[AdapterEntry, str, str]]) -> list[dict[str, Any]]:
+    """`with_status`'s rows as `adapters list --json` prints them (and the studio serves them),
+    each with its `checks`: `deltaVerdict`, `deltaFlagged` and `calibration`."""
+    return [
+        {**e.to_json_dict(), "status": state, "statusDetail": text, **checks(storage, e).to_json()}
+        for e, state, text in rows
+    ]
 
 
 def run_status(storage: Storage, entry: AdapterEntry) -> tuple[str, str]:
@@ -203,6 +218,88 @@ def unexported_lm_runs(storage: Storage) -> list[AdapterEntry]:
     return found
 
 
+# -- what the run's files say of its adapter: ΔW/W and calibration -------------------------------
+@dataclass(frozen=True)
+class Checks:
+    """One line each, "" where the run's files say nothing (a legacy adapter, an LM's ΔW)."""
+
+    delta: str  # `delta_verdict`
+    flagged: tuple[str, ...]  # the projection groups past DELTA_FLAG_RATIO
+    calibration: str  # `calibration_verdict`
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "deltaVerdict": self.delta,
+            "deltaFlagged": list(self.flagged),
+            "calibration": self.calibration,
+        }
+
+
+def delta_verdict(log: dict | None, scale: float = 1.0) -> tuple[str, tuple[str, ...]]:
+    """(line, flagged groups) from the `delta_report` of a DiT log's final write: per projection
+    group the median and max of ‖ΔW‖_F / ‖W‖_F (`training.export.delta_report`). The line gives the
+    largest group median, the figure the 5 % flag judges, then "ok" or the groups past it. `scale`
+    is a calibrated copy's baked scale: its ΔW is scale × the run's, and so is every ratio."""
+    report = (log or {}).get("delta_report")
+    if isinstance(report, str):
+        return f"ΔW/W {report}", ()  # the trainer's reason for not measuring it
+    if not isinstance(report, list):
+        return "", ()
+    medians = {
+        str(group.get("group")): float(group["median"]) * scale
+        for group in report
+        if isinstance(group, dict) and isinstance(group.get("median"), int | float)
+    }
+    if not medians:
+        return "", ()
+    line = f"ΔW/W {max(medians.values()) * 100:.1f} % median"
+    flagged = tuple(name for name, median in medians.items() if median > DELTA_FLAG_RATIO)
+    if not flagged:
+        return f"{line}, ok", ()
+    past = f"above {DELTA_FLAG_RATIO * 100:g} % in {', '.join(flagged)}"
+    return f"{line}, {past}: may overpower the base", flagged
+
+
+def calibration_verdict(document: dict | None, own: bool = False) -> str:
+    """One line from a calibration's `hot_step_eval.json`: the candidate and scale it baked, or
+    that none passed its guards; `own`: the row is the calibrated copy itself. "" without one."""
+    if document is None or "winner" not in document:
+        return ""
+    winner = document["winner"]
+    if not isinstance(winner, dict):
+        return "calibrated: no candidate passed the guards"
+    scale = _baked_scale(document)
+    if scale is None:
+        return ""
+    baked = f"{winner.get('candidate') or '?'} ×{scale:g}"
+    return f"baked from {baked}" if own else f"calibrated: {baked}"
+
+
+def _baked_scale(document: dict | None) -> float | None:
+    try:
+        return float(((document or {}).get("winner") or {})["scale"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def checks(storage: Storage, entry: AdapterEntry) -> Checks:
+    """A row's `Checks`: the ΔW/W of a DiT run's log, and the calibration of the run (its
+    `<run>-calibrated/`) or, for that calibrated copy, its own."""
+    if entry.legacy:
+        return Checks("", (), "")
+    folder = folder_key(entry)
+    own = is_calibrated(folder)
+    report = f"{folder if own else calibrated_key(folder)}/{CALIBRATION_FILE}"
+    document = read_json_or_none(storage, report)
+    calibration = calibration_verdict(document, own)
+    # a calibrated copy's log is the run's, measured before the scale was baked in
+    scale = _baked_scale(document) if own else 1.0
+    if entry.kind != "dit" or scale is None:
+        return Checks("", (), calibration)
+    delta, flagged = delta_verdict(read_json_or_none(storage, f"{folder}/{DIT_LOG_FILE}"), scale)
+    return Checks(delta, flagged, calibration)
+
+
 # -- one adapter: find, download, delete ----------------------------------------------------
 def find(storage: Storage, adapter_id: str) -> tuple[AdapterEntry, str, str]:
     """The listing's row of `adapter_id` (`with_status`'s shape); NotFoundError when the listing
@@ -304,23 +401,38 @@ def zip_stream(storage: Storage, files: list[tuple[str, str]]) -> Iterator[bytes
     yield sink.take()  # the central directory
 
 
-def delete(storage: Storage, entry: AdapterEntry, state: str) -> None:
+def ray_results_key(entry: AdapterEntry) -> str:
+    """Ray Train's folder of the run (`--ray`: its checkpoints and results), whether or not one
+    was written; "" for a legacy adapter."""
+    return "" if entry.legacy else layout.ray_run_dir(folder_key(entry))
+
+
+def delete(storage: Storage, entry: AdapterEntry, state: str) -> list[str]:
     """Remove the adapter's folder (in a legacy artist folder: its own files, not the runs
-    beside them); ConflictError while its run trains, since the trainer would write it again."""
+    beside them) and the folder Ray Train kept for its run; the keys removed. ConflictError while
+    its run trains, since the trainer would write them again."""
     if state == "training":
         raise ConflictError(f"adapter {entry.id!r} is still training: cancel its job first")
+    removed = []
+    # Ray's first: the run folder is what lists the adapter, so a failure leaves it to delete again
+    ray_key = ray_results_key(entry)
+    if ray_key and storage.exists(ray_key):
+        storage.delete(ray_key, recursive=True)
+        removed.append(ray_key)
     folder = folder_key(entry)
     own = _own_children(storage, folder)
     if len(own) == len(storage.list(folder)):
         storage.delete(folder, recursive=True)
-        return
+        return [*removed, folder]
     for key in own:
         storage.delete(key, recursive=True)
+    return [*removed, *own]
 
 
 def router(studio: Studio) -> APIRouter:
     """`GET /adapters[?kind=lm|dit]`: `{"adapters": [...]}`, each as `adapters list --json`;
-    `GET /adapters/{id}/download`: its folder as a zip; `DELETE /adapters/{id}`: removes it."""
+    `GET /adapters/{id}/download`: its folder as a zip; `DELETE /adapters/{id}`: removes it
+    and Ray Train's folder of its run (`delete`)."""
     from fastapi import APIRouter, Query  # here: `adapters list` imports this module too
     from fastapi.responses import StreamingResponse
 
@@ -330,7 +442,7 @@ def router(studio: Studio) -> APIRouter:
     def list_route(kind: str = Query("", description="lm or dit; empty: both")) -> dict[str, Any]:
         if kind not in ("", "lm", "dit"):
             raise InputError(f"kind must be lm or dit, got {kind!r}")
-        return {"adapters": to_json(with_status(studio.storage, kind))}
+        return {"adapters": to_json(studio.storage, with_status(studio.storage, kind))}
 
     # `:path`: an id is `<base>/<artist>/<run>`, slashes and all
     @api.get("/adapters/{adapter_id:path}/download")

@@ -11,7 +11,7 @@ the checkpoint's fit, because the data streams and the LR schedule depend on it,
 memory model says it fits on this GPU (`adopted_fit`).
 
 Where a run's checkpoints lie: `<run>/checkpoint/` (in this process), or under Ray Train's run
-folder `ray_results/train-dit-<run name>/checkpoint_<step, 6 digits>/` (`--ray`);
+folder `ray_results/<run key, "/" as "_">/checkpoint_<step, 6 digits>/` (`--ray`);
 `newest_checkpoint` finds the newest of either.
 """
 
@@ -28,7 +28,6 @@ from hotstep_ray.core import layout
 from hotstep_ray.core.contracts import LATENT_HZ
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
-from hotstep_ray.distributed.ray_results import RESULTS_DIR
 from hotstep_ray.training import dit_vram
 from hotstep_ray.training.adapters import AdapterSpec
 from hotstep_ray.training.checkpoint import (
@@ -42,7 +41,6 @@ from hotstep_ray.training.schedule import MilestoneTracker, StopRule
 from hotstep_ray.training.speed import SpeedOptions
 
 CHECKPOINT_DIR = layout.RUN_CHECKPOINT_DIR
-RAY_RUN_PREFIX = "train-dit-"  # Ray Train's run name: the prefix, then the run folder's name
 FIT_KEYS = ("crop_frames", "batch", "ckpt_layers", "trained_layers")  # what a resume adopts
 
 
@@ -292,12 +290,6 @@ def adopted_fit(
 # =============================================================================== where they lie
 
 
-def ray_run_name(run_key: str) -> str:
-    """Ray Train's name of the run in `run_key` (its folder under `ray_results/`): shared by
-    every worker and restart of the run, and by a later `--ray` resume into the same folder."""
-    return RAY_RUN_PREFIX + run_key.rsplit("/", 1)[-1]
-
-
 def ray_checkpoint_name(step: int) -> str:
     """A Ray checkpoint's folder name: the optimizer steps it holds, so names sort by progress."""
     return f"checkpoint_{step:06d}"
@@ -342,7 +334,7 @@ def newest_checkpoint(storage: Storage, run_key: str) -> SavedCheckpoint | None:
     """The newest (most steps) resumable checkpoint of the run in `run_key`: its own
     `<run>/checkpoint/` or one of Ray Train's for it; None when the run wrote none."""
     found = [saved_checkpoint(storage, f"{run_key}/{CHECKPOINT_DIR}")]
-    ray_run = f"{RESULTS_DIR}/{ray_run_name(run_key)}"
+    ray_run = layout.ray_run_dir(run_key)
     if storage.exists(ray_run):
         for key in storage.list(ray_run):
             if key.rsplit("/", 1)[-1].startswith("checkpoint_"):

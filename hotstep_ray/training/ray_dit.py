@@ -17,7 +17,7 @@ job's `events.jsonl` (or `settings.events_key`: the CLI follows that file to pri
 takes its share of every epoch's micro-batches.
 
 Fault tolerance. Checkpoints (`training/checkpoint.py` files) go through `ray.train.report` into
-`<storage root>/ray_results/train-dit-<run>/checkpoint_<step, 6 digits>/` (local or s3://); with
+`<storage root>/ray_results/<run key>/checkpoint_<step, 6 digits>/` (local or s3://); with
 `FailureConfig(max_failures)` a killed worker's group is restarted and continues from the newest
 reported checkpoint (rank 0 logs "resumed from ..."), drawing the very same crops/timesteps/noise
 it would have (the data streams are seeded per step).
@@ -172,7 +172,7 @@ def train_dit_on_ray(
     run_key = settings.run_key or layout.new_run_dir(
         storage, layout.dit_adapter_base(folder.name), artist
     )
-    run_name = dit_state.ray_run_name(run_key)
+    run_name = layout.ray_run_name(run_key)
     worker_settings = {**asdict(settings), "run_key": run_key, "dit_folder": str(folder)}
     worker_settings["job_id"] = settings.job_id or job_id or ""  # recorded in the run's log
     worker_settings["zero_groups"] = list(settings.zero_groups)

@@ -184,7 +184,7 @@ def run_lm_on_ray(
         resources = gpu_worker_resources(need_gb, num_workers, ray.nodes())
     else:
         resources = {"CPU": 1}
-    name = spec.run_key.replace("/", "_")
+    name = layout.ray_run_name(spec.run_key)
     trainer = TorchTrainer(
         _train_loop,
         train_loop_config={

@@ -4,7 +4,8 @@ the token typed into the page unlocks it; a dataset created from the form is lis
 warning; a song's caption fixed in the edit dialog lands in its sidecar on disk (a bad BPM is
 refused in the dialog first); a build started from the page shows its progress live; the
 train-dit job draws a loss chart with one point per reported step; the audition preview plays in
-`<audio>` players; the make form reports a refused folder.
+`<audio>` players; the Adapters table shows the trained run's state and ΔW/W verdict; the make
+form reports a refused folder.
 
 Skipped only when chromium is absent and `CI` is unset: on CI a missing browser is a failure
 (install it with `apt-get install -y chromium`)."""
@@ -91,14 +92,16 @@ def test_the_page_drives_the_studio(chromium, studio_pipeline, rendered_songs, t
 
         shots = [page.screenshot(tmp_path / "studio-training.png")]
 
-        # -- the adapter the pipeline trained, with its run's state
+        # -- the adapter the pipeline trained, with its run's state, ΔW/W and (none) calibration
         rows = page.wait_for(
             "(() => { const r = [...document.querySelectorAll('#adapters tbody tr')];"
-            " return r.length && r.map(x => [x.dataset.id, x.querySelector('td.state').textContent]);"
+            " return r.length && r.map(x => [x.dataset.id,"
+            " ...['state', 'delta', 'calibration'].map(c => x.querySelector(`td.${c}`).textContent)]);"
             " })()"
         )
-        ((adapter, state),) = rows  # the pipeline trains one: its DiT
+        ((adapter, state, delta, calibration),) = rows  # the pipeline trains one: its DiT
         assert adapter.startswith(f"dit-turbo/{pipeline.dataset['slug']}/") and state == "finished"
+        assert delta.startswith("ΔW/W ") and calibration == "–"
 
         # -- a dataset created from the form is listed, with its warning
         page.evaluate(

@@ -109,7 +109,7 @@ def test_a_paused_ray_run_continues_from_its_checkpoint_as_if_uninterrupted(
     line = next(x for x in paused.output.splitlines() if x.startswith("paused: continue with"))
     run_key = line.split("--resume ", 1)[1].strip()
     assert read_log(storage, run_key)["stop_reason"] == "max_steps"
-    ray_run = f"ray_results/train-dit-{run_key.rsplit('/', 1)[-1]}"
+    ray_run = f"ray_results/{run_key.replace('/', '_')}"
     found = [k for k in storage.list(ray_run) if storage.exists(f"{k}/checkpoint.json")]
     named = sorted(key.rsplit("/", 1)[-1] for key in found)
     assert named == ["checkpoint_000003", "checkpoint_000004"]  # epoch 1's end, the pause

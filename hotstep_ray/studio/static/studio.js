@@ -760,7 +760,8 @@ async function loadAudio(player, url, urls = state.audioUrls) {
 
 // -- adapters --------------------------------------------------------------------------------
 // Every trained run (`GET /adapters`, as `hotstep-ray adapters list`): the adapter, its base
-// model, format, size, trigger, when it was trained, the run's state, and Download / Delete.
+// model, format, size, trigger, when it was trained, the run's state, its ΔW/W verdict (amber
+// when a group may overpower the base), its calibration, and Download / Delete.
 async function refreshAdapters() {
   const { adapters } = await api(`${API}/adapters`);
   $("adapters").tBodies[0].replaceChildren(
@@ -772,6 +773,7 @@ async function refreshAdapters() {
           ? `${(a.sizeBytes / 1e3).toFixed(1)} kB`
           : `${(a.sizeBytes / 1e6).toFixed(1)} MB`;
       const state = a.status || "unknown";
+      const flagged = (a.deltaFlagged || []).length > 0;
       return el(
         "tr",
         { "data-id": a.id },
@@ -782,6 +784,8 @@ async function refreshAdapters() {
         el("td", { text: trigger }),
         el("td", { text: a.trainedAt ? a.trainedAt.replace("T", " ") : "–" }),
         el("td", { class: "state" }, el("span", { class: `pill ${state}`, text: a.statusDetail || state })),
+        el("td", { class: flagged ? "delta flagged" : "delta", text: a.deltaVerdict || "–" }),
+        el("td", { class: "calibration", text: a.calibration || "–" }),
         adapterActions(a),
       );
     }),
@@ -837,7 +841,8 @@ async function downloadAdapter(a, link) {
 }
 
 async function deleteAdapter(a, url) {
-  if (!confirm(`Delete the adapter ${a.id}?\n\nIts folder is removed from storage; this cannot be undone.`)) return;
+  const removed = "Its folder (and Ray Train's folder of the run, if it trained on Ray) is removed from storage";
+  if (!confirm(`Delete the adapter ${a.id}?\n\n${removed}; this cannot be undone.`)) return;
   try {
     await api(url, { method: "DELETE" });
     notify(`Deleted ${a.id}.`, "info");
