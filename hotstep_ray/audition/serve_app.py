@@ -11,6 +11,7 @@ problem and never reach a model replica. Bodies over the cap get 413, a POST wit
 Content-Length 411; with a token configured (default: $HOTSTEP_TOKEN at build time) every route
 but /health and the docs needs `Authorization: Bearer <token>`.
 
+The app is built from one `AuditionAppConfig` (`audition/options.py`, torch-free for the CLI).
 `serve run serve_apps/audition.yaml` (from the repo root; `serve_apps/audition_app.py` binds this
 module for Serve's import path), `hotstep-ray audition serve`, or the main job.
 
@@ -24,45 +25,16 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from hotstep_ray.audition.errors import EngineSuspendedError, NotFoundError
 from hotstep_ray.audition.http_api import error_response, guarded_api, remote
-from hotstep_ray.core.contracts import AUDITION_DECODER_GPUS, AUDITION_DIT_GPUS, AUDITION_LM_GPUS
+from hotstep_ray.audition.options import AuditionAppConfig
 
 LM_ADAPTERS_PER_REPLICA = 4  # serve.multiplexed LRU size (a decorator constant)
 DIT_ADAPTERS_PER_REPLICA = 2
 MEDIA = {"wav": "audio/wav", "flac": "audio/flac"}
-
-
-class AuditionAppConfig(BaseModel):
-    """Everything the app needs; `serve run` passes these as `args`."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    checkpoints: str
-    data: str
-    device: str | None = None  # None: cuda when present
-    dtype: str | None = None
-    lm: str | None = None  # LM folder name; default: the first usable
-    dit: str | None = None  # DiT folder for the detokenizer and DiT audition; default: a turbo
-    enable_dit: bool = True
-    # auto (CUDA graphs on CUDA, eager on CPU) | compiled | eager | static | graph; the shipped
-    # YAML and `audition serve` ask for compiled (static off CUDA, falling back to graph)
-    decode_mode: str = "auto"
-    # auto: adapters fold into a copy of the weights they adapt when decoding is captured
-    # (graph/compiled), for the base's step speed and its compiled code; on | off
-    merge_adapters: str = "auto"
-    warm_planner: bool = True  # graph/compiled: capture the 30 s and 240 s steps at replica start
-    decoder_gpus: float = AUDITION_DECODER_GPUS  # fractional: the decoder shares a card
-    lm_gpus: float = AUDITION_LM_GPUS
-    dit_gpus: float = AUDITION_DIT_GPUS
-    replica_cpus: float = 0.5
-    cpu_threads: int = 1  # torch threads per replica on CPU (2-core boxes oversubscribe)
-    max_body_bytes: int = 1 << 20
-    token: str | None = None  # bearer token; None: $HOTSTEP_TOKEN when set
 
 
 def _torch_setup(config: AuditionAppConfig) -> None:

@@ -1,57 +1,75 @@
-"""`hotstep-ray audition ...`: run the audition service; decode a codes file to audio."""
+"""`hotstep-ray audition ...`: run the audition service; decode a codes file to audio.
+
+`audition serve`'s options are the fields of the app's contract (`audition.options.
+AuditionAppConfig`, the same the Serve configs and the main job build the app from), generated
+from it with its defaults and descriptions; only the ones given reach it. `--port`, `--host` and
+`--ray-address` are where the app runs, not what it is; the bearer token comes from
+$HOTSTEP_TOKEN only.
+"""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from hotstep_ray.cli.common import console, handle_errors
+from hotstep_ray.audition.options import AuditionAppConfig
+from hotstep_ray.cli.common import console, given, handle_errors, with_contract_options
 from hotstep_ray.core.errors import InputError
 
 app = typer.Typer(help="Hear adapters: the audition service and offline codes decoding.")
 
 
-@app.command("serve")
-@handle_errors
-def serve_cmd(
+# What a None default resolves to, for --help.
+_SHOWN_DEFAULTS = {
+    "device": "cuda when present, else cpu",
+    "dtype": "bf16 on CUDA, else fp32",
+    "lm": "the first usable LM",
+    "dit": "a turbo DiT",
+}
+
+
+def _serve(
     checkpoints: Path = typer.Option(..., "--checkpoints", help="The checkpoints/ folder."),
     data: str = typer.Option("./data", "--data", help="Storage root (adapters, previews)."),
-    port: int = typer.Option(8000, help="HTTP port."),
+    port: int = typer.Option(8000, min=1, max=65535, help="HTTP port."),
     host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)."),
-    device: str = typer.Option("", help="cuda / cpu (default: cuda when present)."),
-    no_dit: bool = typer.Option(False, "--no-dit", help="Skip the DiT audition deployment."),
-    decode_mode: str = typer.Option(
-        "compiled",
-        help="LM decoding: compiled (a torch.compile'd step in a CUDA graph; static off CUDA), "
-        "auto (CUDA graphs on CUDA), eager, static or graph.",
-    ),
     ray_address: str = typer.Option("", help="Join this Ray cluster (default: a local one)."),
+    **values: Any,
 ) -> None:
     """Deploy the audition app on Ray Serve and block (Ctrl-C stops it). Bearer token: set
     HOTSTEP_TOKEN before starting."""
+    config = AuditionAppConfig.model_validate(
+        {**given(values), "checkpoints": str(checkpoints.resolve()), "data": data}
+    )
     from ray import serve
 
-    from hotstep_ray.audition import serve_app as module
+    from hotstep_ray.audition import serve_app
     from hotstep_ray.distributed.runtime import ensure_ray
 
-    config = module.AuditionAppConfig(
-        checkpoints=str(checkpoints.resolve()),
-        data=data,
-        device=device or None,
-        enable_dit=not no_dit,
-        decode_mode=decode_mode,
-    )
     ensure_ray(ray_address or None, quiet=False)
     serve.start(http_options={"host": host, "port": port})
-    serve.run(module.build_app(config), name="audition", route_prefix="/")
+    serve.run(serve_app.build_app(config), name="audition", route_prefix="/")
     console.print(f"[green]audition on http://{host}:{port}[/]  (docs: /docs)", soft_wrap=True)
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         serve.shutdown()
+
+
+# The token stays out of the options (a command line is visible to every user of the machine).
+serve_cmd = app.command("serve")(
+    handle_errors(
+        with_contract_options(
+            AuditionAppConfig,
+            skip={"checkpoints", "data", "token"},
+            shown_defaults=_SHOWN_DEFAULTS,
+        )(_serve)
+    )
+)
 
 
 @app.command("decode")
