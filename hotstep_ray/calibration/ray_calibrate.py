@@ -1,4 +1,5 @@
-"""Run calibration work items: here in one worker (`run_local`), or fanned out over Ray actors.
+"""Run calibration work items: here in one worker (`run_local`), or fanned out over Ray actors
+(`distributed.map.ActorMap`).
 
 A worker is built by a picklable zero-argument factory (`LmWorkerSpec`, `DitWorkerSpec`, or any
 function), once per process: in this process for `run_local`, inside each actor for `run_on_ray`.
@@ -13,6 +14,7 @@ calibrate functions turn it into `progress` and `eval` metric events.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any
 
 from hotstep_ray.calibration.grid import WorkerFactory, WorkItem, WorkResult
@@ -35,22 +37,18 @@ def run_local(
     return results
 
 
-class CalibrationActor:
-    """Ray actor body: one worker (one base model) for the actor's life."""
+class _BuiltOnce:
+    """The function an actor applies: builds its worker (one base model) on its first item,
+    then runs every later item of the run through it (`ActorMap` keeps it for the call)."""
 
     def __init__(self, factory: WorkerFactory) -> None:
-        self._worker = factory()
+        self.factory = factory
+        self._worker: Callable[[WorkItem], WorkResult] | None = None
 
-    def run(self, item: WorkItem) -> WorkResult:
+    def __call__(self, item: WorkItem) -> WorkResult:
+        if self._worker is None:
+            self._worker = self.factory()
         return self._worker(item)
-
-
-def _next_item(remaining: list[WorkItem], last_key: str | None) -> WorkItem:
-    for item in remaining:
-        if last_key is not None and item.key == last_key:
-            remaining.remove(item)
-            return item
-    return remaining.pop(0)
 
 
 def run_on_ray(
@@ -64,39 +62,22 @@ def run_on_ray(
     address: str | None = None,
 ) -> list[WorkResult]:
     """Items over `actors` Ray actors (each `num_gpus`; None = 1 when the cluster has GPUs,
-    else 0). Actors are killed at the end, also on failure; a failing item re-raises here."""
+    else 0), an actor taking the next item of the adapter it last ran when there is one.
+    Actors are killed at the end, also on failure; a failing item re-raises here."""
+    from hotstep_ray.distributed.map import ActorMap
     from hotstep_ray.distributed.runtime import ensure_ray
 
     ray = ensure_ray(address)
     if num_gpus is None:
         num_gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
-    actor_class = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(CalibrationActor)
-    count = max(1, min(actors, len(items)))
-    pool = [actor_class.remote(factory) for _ in range(count)]
-    remaining = list(items)
     results: dict[int, WorkResult] = {}
-    pending: dict[Any, tuple[WorkItem, Any]] = {}
-    last_key: dict[int, str | None] = {id(actor): None for actor in pool}
-    idle = list(pool)
-    try:
-        while remaining or pending:
-            while idle and remaining:
-                actor = idle.pop(0)
-                item = _next_item(remaining, last_key[id(actor)])
-                last_key[id(actor)] = item.key
-                pending[actor.run.remote(item)] = (item, actor)
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            for ref in ready:
-                item, actor = pending.pop(ref)
-                result = ray.get(ref)  # re-raises the actor's exception
-                results[item.index] = result
-                idle.append(actor)
-                if on_progress is not None:
-                    on_progress(len(results), len(items), item, result)
-    finally:
-        for actor in pool:
-            ray.kill(actor)
-    return [results[item.index] for item in items]
+    with ActorMap(min(actors, len(items)), num_cpus=num_cpus, num_gpus=num_gpus) as pool:
+        finished = pool.as_completed(_BuiltOnce(factory), items, affinity=attrgetter("key"))
+        for position, result in finished:
+            results[position] = result
+            if on_progress is not None:
+                on_progress(len(results), len(items), items[position], result)
+    return [results[position] for position in range(len(items))]
 
 
 def make_runner(use_ray: bool = False, **ray_options: Any) -> Runner:

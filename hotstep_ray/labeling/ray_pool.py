@@ -23,6 +23,7 @@ import ray
 from hotstep_ray.core.contracts import LabelOptions
 from hotstep_ray.core.events import EventSink
 from hotstep_ray.core.storage import Storage
+from hotstep_ray.distributed.map import ActorMap
 from hotstep_ray.distributed.runtime import ensure_ray
 from hotstep_ray.labeling.job import (
     LabelExecutors,
@@ -59,95 +60,20 @@ class PoolOptions:
         )
 
 
-class _StageWorker:
-    """Holds one stage callable and applies it to items, one at a time."""
-
-    def __init__(self) -> None:
-        self._fn: Callable[[Any], Any] | None = None
-
-    def bind(self, fn: Callable[[Any], Any]) -> str:
-        self._fn = fn
-        return ray.get_runtime_context().get_node_id()
-
-    def run(self, item: Any) -> Any:
-        if self._fn is None:  # bind failed (e.g. its function could not be unpickled here)
-            raise RuntimeError("no stage function on this actor: bind() failed")
-        return self._fn(item)
-
-
-class ActorPoolMap:
-    """`map(fn, items)` over a pool of at most `size` actors. Actors start only when there is
-    work for them (three songs never start sixteen analysis actors) and are reused by later
-    calls until `shutdown`."""
+class ActorPoolMap(ActorMap):
+    """`map(fn, items)` over a pool of at most `size` actors (`distributed.map.ActorMap`),
+    results in the order they finish. Actors start only when there is work for them (three songs
+    never start sixteen analysis actors) and are reused by later calls until `shutdown`."""
 
     def __init__(self, name: str, size: int, num_cpus: float = 1.0, spread: bool = False) -> None:
-        self.name, self.size, self.num_cpus, self.spread = name, max(1, size), num_cpus, spread
-        self._actors: list[Any] = []
-        self._bound: dict[Any, Any] = {}  # actor -> ref of its latest bind() (returns its node)
-
-    @property
-    def node_ids(self) -> list[str]:
-        """The node of each actor bound so far (for logs and tests)."""
-        return list(ray.get(list(self._bound.values()))) if self._bound else []
-
-    def _new_actor(self) -> Any:
-        options: dict[str, Any] = {"num_cpus": self.num_cpus}
-        if self.spread:
-            options["scheduling_strategy"] = "SPREAD"
-        actor = ray.remote(_StageWorker).options(**options).remote()
-        self._actors.append(actor)
-        return actor
+        super().__init__(size, num_cpus=num_cpus, spread=spread)
+        self.name = name
 
     def __call__(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
-        ensure_ray()
         # Scaled for the full pool, so the call rate holds however many actors start.
         scale = getattr(fn, "for_concurrency", None)
-        fn_ref = ray.put(scale(self.size) if scale else fn)
-        return self._stream(fn_ref, iter(items))
-
-    def _bind(self, actor: Any, fn_ref: Any) -> None:
-        # Calls from one caller run in submission order, so `run` never overtakes `bind`.
-        self._bound[actor] = actor.bind.remote(fn_ref)
-
-    def _result(self, ref: Any, actor: Any) -> Any:
-        try:
-            return ray.get(ref)
-        except Exception:
-            ray.get(self._bound[actor])  # a failed bind is the real cause: raise that instead
-            raise
-
-    def _stream(self, fn_ref: Any, items: Iterator[Any]) -> Iterator[Any]:
-        self._bound = {}
-        idle = list(self._actors)
-        for actor in idle:
-            self._bind(actor, fn_ref)
-        pending: dict[Any, Any] = {}
-        exhausted = False
-        while True:
-            while not exhausted and (idle or len(self._actors) < self.size):
-                try:
-                    item = next(items)  # may wait on an upstream stage: that is the pipeline
-                except StopIteration:
-                    exhausted = True
-                    break
-                if idle:
-                    actor = idle.pop()
-                else:
-                    actor = self._new_actor()
-                    self._bind(actor, fn_ref)
-                pending[actor.run.remote(item)] = actor
-            if not pending:
-                return
-            done, _ = ray.wait(list(pending), num_returns=1)
-            for ref in done:
-                actor = pending.pop(ref)
-                idle.append(actor)
-                yield self._result(ref, actor)
-
-    def shutdown(self) -> None:
-        for actor in self._actors:
-            ray.kill(actor)
-        self._actors, self._bound = [], {}
+        results = self.as_completed(scale(self.size) if scale else fn, items)
+        return (result for _, result in results)
 
 
 class LabelPools:
