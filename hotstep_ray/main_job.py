@@ -182,7 +182,7 @@ class Recipe:
     use_gpu: bool | None  # Ray Train workers; None: when the cluster has GPUs
     max_failures: int  # Ray Train restarts after a worker failure
     device: str | None  # in-process training and the audition replicas; None: cuda if present
-    torch_threads: int | None  # in-process training; None: torch's default
+    torch_threads: int | None  # in-process training; None: `_trainer_threads` decides
     ab: dict[str, Any] = field(default_factory=dict)  # A/B request fields (duration, sampling)
 
 
@@ -829,7 +829,7 @@ def train_dit_stage(
             )
             run_key, train_log = ray_result.run_key, ray_result.log
         else:
-            with _torch_threads(recipe.torch_threads):
+            with _torch_threads(_trainer_threads(recipe)):
                 run = dit.setup(options, storage, detail.slug, settings, events=sub.events)
                 outcome = dit.train(run)
             run_key, train_log = outcome.run_key, outcome.log
@@ -903,7 +903,7 @@ def train_lm_stage(
                 resume=resume,
             )
         else:
-            with _torch_threads(recipe.torch_threads):
+            with _torch_threads(_trainer_threads(recipe)):
                 result = lm.run_lm_training(spec, storage, events=sub.events, resume=resume)
     trained = _trained(
         "lm", sub.id, storage, result.run_key, result.log, options.adapter_type, lm_dir.name
@@ -1156,6 +1156,16 @@ def _data_context(**settings: Any) -> Iterator[None]:
     finally:
         for name, value in before.items():
             setattr(context, name, value)
+
+
+def _trainer_threads(recipe: Recipe) -> int | None:
+    """torch's intra-op threads for an in-process trainer: the recipe's; else one on a GPU, where
+    a step's host side only queues kernels and a pool of a thread per core spins against the
+    other processes' threads (the LM's Ray Train worker, the audition replicas; Ray gives a
+    one-CPU worker one thread too); torch's default on the CPU."""
+    if recipe.torch_threads is not None:
+        return recipe.torch_threads
+    return 1 if _trains_on_gpu(recipe) else None
 
 
 @contextlib.contextmanager
