@@ -62,5 +62,6 @@ def test_adapters_list_json_prints_the_same_rows(tmp_path):
     listed = CliRunner().invoke(adapters_cmd.app, ["list", "--data", str(root), "--json"])
     assert listed.exit_code == 0, listed.output
     (row,) = json.loads(listed.output)
-    # the catalogue's row, plus the run's state (camelCase too)
-    assert set(row) == KEYS | {"status", "statusDetail"} and row["id"] == RUN
+    # the catalogue's row, plus the run's state and its checks (camelCase too)
+    checks = {"deltaVerdict", "deltaFlagged", "calibration"}
+    assert set(row) == KEYS | {"status", "statusDetail"} | checks and row["id"] == RUN

@@ -82,8 +82,12 @@ def test_songs_to_previews_on_an_s3_root(s3_server, tiny_tree, tmp_path):
     detail = load_dataset(storage, detail.slug)
     with Job(storage, "build") as job:
         runs = RunRecord(storage, detail.slug)  # the make_runs.json record, on S3 too
-        dit_run, _ = train_dit_stage(job, storage, detail, pre, tiny_tree, recipe, config, runs)
-        lm_run, _ = train_lm_stage(job, storage, detail, pre, tiny_tree, recipe, config, runs)
+        dit_run, _ = train_dit_stage(
+            job, storage, detail, pre, tiny_tree, recipe, config, runs, False
+        )
+        lm_run, _ = train_lm_stage(
+            job, storage, detail, pre, tiny_tree, recipe, config, runs, False
+        )
     assert set(storage.read_json(runs.key)) == {"dit", "lm"}
     for run, weights in ((dit_run, "lokr_weights.safetensors"), (lm_run, "adapter_model")):
         assert run.url.startswith(storage.url + "/adapters/"), run.url
