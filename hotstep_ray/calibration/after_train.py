@@ -151,22 +151,16 @@ def run_lm_then_calibrate(
     storage: Storage,
     *,
     events: EventLog | None = None,
-    resume: bool = False,
-    stop_after_epoch: int = 0,
     calibration: dict[str, Any] | None = None,
+    **training: Any,
 ) -> lm_save.LmRunResult:
-    """`lm.run_lm_training` (same arguments), then with `calibrate` the calibration of the
-    finished run in this process. `calibration`: `LmCalibrationConfig` overrides."""
+    """`lm.run_lm_training(spec, storage, events=events, **training)`, then with `calibrate` the
+    calibration of the finished run in this process. `calibration`: `LmCalibrationConfig`
+    overrides."""
     check_calibrate(spec.options)
     if spec.options.calibrate:
         calibration_config("lm", calibration)  # bad overrides fail before the training
-    result = lm.run_lm_training(
-        _lm_train_only(spec),
-        storage,
-        events=events,
-        resume=resume,
-        stop_after_epoch=stop_after_epoch,
-    )
+    result = lm.run_lm_training(_lm_train_only(spec), storage, events=events, **training)
     if not (spec.options.calibrate and result.finished):  # an interrupted run waits
         return result
     return calibrate_lm_run(spec, storage, result, events, calibration=calibration)
@@ -176,37 +170,23 @@ def run_lm_on_ray_then_calibrate(
     spec: lm_spec.LmTrainSpec,
     storage: Storage,
     *,
-    num_workers: int = 1,
-    use_gpu: bool | None = None,
-    max_failures: int = 2,
-    ray_address: str | None = None,
-    fail_after_epoch: int = 0,
     events: EventLog | None = None,
-    resume: bool = False,
     calibration: dict[str, Any] | None = None,
+    **training: Any,
 ) -> lm_save.LmRunResult:
-    """`ray_lm.run_lm_on_ray` (same arguments), then with `calibrate` the calibration on
-    `num_workers` Ray actors. Its events go to `events`, else to `spec.events_key`, as the
-    driver's side of the training does."""
+    """`ray_lm.run_lm_on_ray(spec, storage, events=events, **training)`, then with `calibrate`
+    the calibration on as many Ray actors as the job had workers. Its events go to `events`,
+    else to `spec.events_key`, as the driver's side of the training does."""
     check_calibrate(spec.options)
     if spec.options.calibrate:
         calibration_config("lm", calibration)
     if events is None and spec.events_key:
         events = EventLog(jsonl_sink(storage, spec.events_key))
-    result = ray_lm.run_lm_on_ray(
-        _lm_train_only(spec),
-        storage,
-        num_workers=num_workers,
-        use_gpu=use_gpu,
-        max_failures=max_failures,
-        ray_address=ray_address,
-        fail_after_epoch=fail_after_epoch,
-        events=events,
-        resume=resume,
-    )
+    result = ray_lm.run_lm_on_ray(_lm_train_only(spec), storage, events=events, **training)
     if not (spec.options.calibrate and result.finished):
         return result
-    runner = make_runner(True, actors=num_workers, address=ray_address)
+    actors, address = training.get("num_workers", 1), training.get("ray_address")
+    runner = make_runner(True, actors=actors, address=address)
     return calibrate_lm_run(spec, storage, result, events, runner, calibration)
 
 
@@ -249,44 +229,28 @@ def train_dit_on_ray_then_calibrate(
     dataset: str,
     settings: dit.DitSettings | None = None,
     *,
-    num_workers: int = 1,
-    use_gpu: bool | None = None,
-    vram_gb: float | None = None,
-    max_failures: int = 2,
-    job_id: str | None = None,
-    fail_at_step: int | None = None,
-    max_steps: int | None = None,
     events: EventLog | None = None,
     calibration: dict[str, Any] | None = None,
+    **training: Any,
 ) -> ray_dit.RayDitResult:
-    """`ray_dit.train_dit_on_ray` (same arguments), then with `calibrate` the calibration on
-    `num_workers` Ray actors, in `RayDitResult.calibration`. `calibration`:
-    `DitCalibrationConfig` overrides; `events` default to the job's events.jsonl when `job_id`
-    is given."""
+    """`ray_dit.train_dit_on_ray(options, storage, dataset, settings, **training)`, then with
+    `calibrate` the calibration on as many Ray actors as the job had workers, in
+    `RayDitResult.calibration`. `calibration`: `DitCalibrationConfig` overrides; `events`
+    default to the job's events.jsonl when `job_id` is given."""
     check_calibrate(options)
     if options.calibrate:
         calibration_config("dit", calibration)
-    done = ray_dit.train_dit_on_ray(
-        _train_only(options),
-        storage,
-        dataset,
-        settings,
-        num_workers=num_workers,
-        use_gpu=use_gpu,
-        vram_gb=vram_gb,
-        max_failures=max_failures,
-        job_id=job_id,
-        fail_at_step=fail_at_step,
-        max_steps=max_steps,
-    )
+    done = ray_dit.train_dit_on_ray(_train_only(options), storage, dataset, settings, **training)
     if not options.calibrate:
         return done
+    job_id = training.get("job_id")
     if events is None and job_id:
         events = EventLog(jsonl_sink(storage, layout.job_events(job_id)))
     if done.log.get("stop_reason") == "max_steps":
         dit_calibration_skipped(events)
     else:
+        actors = training.get("num_workers", 1)
         done.calibration = calibrate_dit_run(
-            options, storage, done.run_key, done.dit_folder, events, calibration, num_workers
+            options, storage, done.run_key, done.dit_folder, events, calibration, actors
         )
     return done

@@ -128,8 +128,9 @@ def test_the_ray_job_is_trained_then_calibrated_above_the_trainer(tmp_path, monk
     trained, calibrated = [], []
 
     def train(options, storage, dataset, settings, **kwargs):
-        trained.append((options.calibrate, kwargs["num_workers"], kwargs["job_id"]))
-        stop = "max_steps" if kwargs["max_steps"] else "max_epochs"
+        # only what the caller gave is passed on: the trainer's own defaults stand
+        trained.append((options.calibrate, kwargs.get("num_workers"), kwargs.get("job_id")))
+        stop = "max_steps" if kwargs.get("max_steps") else "max_epochs"
         return ray_dit.RayDitResult(
             run_key="adapters/dit-turbo/band/run", run_name="train-dit-run", vram_gb=1.0,
             metrics={}, checkpoint_path=None, log={"stop_reason": stop}, dit_folder="/ckpt/dit",
