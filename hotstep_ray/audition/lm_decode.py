@@ -38,12 +38,14 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import get_args
 
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, DynamicCache, StaticCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from hotstep_ray.audition.options import DecodeMode
 from hotstep_ray.models.lm_tokenizer import PAD_ID
 
 log = logging.getLogger(__name__)
@@ -52,7 +54,7 @@ log = logging.getLogger(__name__)
 STATIC_BUCKETS = (1024, 2048, 4096, 8192, 16384)
 
 
-MODES = ("auto", "eager", "static", "graph", "compiled")
+MODES: tuple[str, ...] = get_args(DecodeMode)  # the contract's choices, written there
 CAPTURED = ("graph", "compiled")  # the engines that replay a captured step
 # Tests only: a torch.compile backend (a name such as "inductor" or "aot_eager", or a callable)
 # that keeps "compiled" off CUDA, its compiled step then running uncaptured. "" (the policy):

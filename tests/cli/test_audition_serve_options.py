@@ -5,12 +5,11 @@ before Ray starts."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import get_args
 
 import pytest
 from typer.testing import CliRunner
 
-from hotstep_ray.audition.options import AuditionAppConfig, DecodeMode
+from hotstep_ray.audition.options import AuditionAppConfig
 from hotstep_ray.cli.main import app
 
 
@@ -85,9 +84,3 @@ def test_help_shows_the_contracts_default_and_no_token_option() -> None:
     assert mode.help.endswith("Default: auto.")
     assert options["enable_dit"].opts == ["--enable-dit"]
     assert "token" not in options  # from $HOTSTEP_TOKEN only
-
-
-def test_the_contracts_decode_modes_are_the_engines():
-    from hotstep_ray.audition.lm_decode import MODES
-
-    assert set(get_args(DecodeMode)) == set(MODES)
