@@ -54,13 +54,12 @@ from pydantic import Field, field_validator, model_validator
 
 from hotstep_ray import bench_matrix
 from hotstep_ray.core.compile_cache import CACHE_VARS, compile_cache_dir
-from hotstep_ray.core.contracts import MakeRandomOptions, Options
+from hotstep_ray.core.contracts import MakeOptions, MakeRandomOptions, Options
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
 
 if TYPE_CHECKING:
     from hotstep_ray.audio.synth import SongSpec
-    from hotstep_ray.main_job import MainJobConfig
 
 Say = Callable[[str], None]
 RunName = Literal["cold", "warm"]
@@ -265,21 +264,19 @@ def write_songs(folder: Path, count: int, seconds: float) -> list[Path]:
 # =============================================================================== the runs
 
 
-def make_config(options: E2eOptions, run: RunName, prepared: Prepared) -> MainJobConfig:
-    from hotstep_ray.main_job import MainJobConfig
-
-    return MainJobConfig(
+def make_config(options: E2eOptions, run: RunName, prepared: Prepared) -> MakeOptions:
+    return MakeOptions(
         songs=str(prepared.songs),
         data=str(data_dir(options)),
         checkpoints=str(prepared.checkpoints) if prepared.checkpoints else None,
         epochs=options.epochs,
         ray_train=options.ray_train,
-        audition=not options.skip_audition,
+        skip_audition=options.skip_audition,
         retrain=run == "warm",
     )
 
 
-def make_args(config: MainJobConfig) -> list[str]:
+def make_args(config: MakeOptions) -> list[str]:
     """`config` as the arguments of `hotstep-ray make` (after the program's name)."""
     args = ["make", config.songs, "--data", config.data]
     if config.name:
@@ -294,16 +291,16 @@ def make_args(config: MainJobConfig) -> list[str]:
         args += ["--epochs", str(config.epochs)]
     if config.ray_train is not None:
         args.append("--ray-train" if config.ray_train else "--no-ray-train")
-    if not config.train:
+    if config.skip_train:
         args.append("--skip-train")
-    if not config.audition:
+    if config.skip_audition:
         args.append("--skip-audition")
     if config.retrain:
         args.append("--retrain")
     return [*args, "--json"]
 
 
-def make_command(config: MainJobConfig) -> list[str]:
+def make_command(config: MakeOptions) -> list[str]:
     """The process of one run: this interpreter, the installed CLI."""
     return [sys.executable, "-m", "hotstep_ray.cli.main", *make_args(config)]
 
@@ -320,7 +317,7 @@ class Outcome:
     log: str = ""
 
 
-def run_make_process(config: MainJobConfig, log: Path, say: Say) -> Outcome:
+def run_make_process(config: MakeOptions, log: Path, say: Say) -> Outcome:
     """`make` as its own process: its stderr (progress) is echoed and kept in `log`, its stdout
     (the result JSON) kept beside it as `<run>.result.json`."""
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -383,7 +380,7 @@ def result_json(text: str) -> dict[str, Any] | None:
     return None
 
 
-def run_make_here(config: MainJobConfig, say: Say) -> Outcome:
+def run_make_here(config: MakeOptions, say: Say) -> Outcome:
     """The main job in this process; its log lines and stage headers go to `say`."""
     from hotstep_ray.main_job import run_main_job
 

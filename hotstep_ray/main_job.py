@@ -65,6 +65,7 @@ from hotstep_ray.core.contracts import (
     DatasetDetail,
     JobKind,
     LabelOptions,
+    MakeOptions,
     PreprocessOptions,
     TrainDitOptions,
     TrainLmOptions,
@@ -121,23 +122,6 @@ OFFLINE_LABELS = LabelOptions(
 
 
 # =============================================================================== configuration
-
-
-@dataclass(frozen=True)
-class MainJobConfig:
-    songs: str = ""  # the user's folder of songs (local or s3://); "" = the bundled examples
-    name: str = ""  # dataset and adapter name; "" = the songs folder's name
-    tag: str = ""  # trigger word put in every song's caption; "" = none (examples: hsdemo)
-    data: str = "./data"  # storage root: a folder or s3://bucket/prefix
-    ray_address: str | None = None  # None: $RAY_ADDRESS or a new local Ray
-    checkpoints: str | None = None  # real ACE-Step 1.5 weights; None: the tiny tree
-    epochs: int | None = None  # both trainers; None: the recipe's
-    # True: preprocess on Ray Data, train on Ray Train; False: all in this process; None: as
-    # `placement` decides for the Ray it finds
-    ray_train: bool | None = None
-    train: bool = True  # False: stop after preprocessing
-    audition: bool = True  # False: no Serve app, no A/B
-    retrain: bool = False  # train new adapter runs even when nothing they depend on changed
 
 
 @dataclass(frozen=True)
@@ -395,7 +379,7 @@ class MainJobResult:
 # =============================================================================== the recipe
 
 
-def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> MainJobResult:
+def run_main_job(config: MakeOptions, sinks: tuple[EventSink, ...] = ()) -> MainJobResult:
     """Run the main job with `config.data` as the storage root; `sinks` see every event."""
     started = time.perf_counter()
     startup_s = _process_age_s()
@@ -428,7 +412,7 @@ def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> Ma
             pre = preprocess_stage(job, storage, detail, checkpoints, recipe, place.preprocess)
             counts = f"{pre.processed} encoded, {pre.cached} cached, {pre.failed} failed"
             row.note(counts, pre.tensor_dir)
-        if config.train:
+        if not config.skip_train:
             runs = RunRecord(storage, detail.slug)
 
             def trainer(name: str, train: Callable[..., tuple[TrainedAdapter, str]], on_ray: bool):
@@ -457,7 +441,7 @@ def run_main_job(config: MainJobConfig, sinks: tuple[EventSink, ...] = ()) -> Ma
             )
             with contextlib.ExitStack() as serving:
                 app = None
-                if config.audition:
+                if not config.skip_audition:
                     lm_dir = _lm_dir(checkpoints, recipe)
                     app = _AuditionApp(serving, job, checkpoints, storage.url, lm_dir, recipe)
                 # The app's replicas load the base LM and the decoder (and capture their graphs)
@@ -576,9 +560,7 @@ class _RunPlan:
     run_key: str = ""  # an unfinished run to continue (when it left a checkpoint)
 
 
-def dataset_stage(
-    job: Job, storage: Storage, config: MainJobConfig
-) -> tuple[Storage, DatasetDetail]:
+def dataset_stage(job: Job, storage: Storage, config: MakeOptions) -> tuple[Storage, DatasetDetail]:
     """The dataset of the user's folder (or of the bundled songs, rendered once): created on the
     first run, loaded on later ones (one dataset per folder)."""
     if config.songs:
@@ -649,9 +631,7 @@ def label_stage(
     return report, load_dataset(storage, detail.slug, map_fn=RayMap(num_cpus=0.5))
 
 
-def checkpoints_stage(
-    job: Job, storage: Storage, config: MainJobConfig
-) -> tuple[Path, Recipe, bool]:
+def checkpoints_stage(job: Job, storage: Storage, config: MakeOptions) -> tuple[Path, Recipe, bool]:
     """Real weights from `--checkpoints` (checked for every stage this job runs), else the tiny
     tree. Returns (folder, recipe, tiny)."""
     from hotstep_ray.models.discovery import discover, missing_for_stages
@@ -778,7 +758,7 @@ def train_dit_stage(
     pre: PreprocessResult,
     checkpoints: Path,
     recipe: Recipe,
-    config: MainJobConfig,
+    config: MakeOptions,
     runs: RunRecord,
     on_ray: bool,
 ) -> tuple[TrainedAdapter, str]:
@@ -848,7 +828,7 @@ def train_lm_stage(
     pre: PreprocessResult,
     checkpoints: Path,
     recipe: Recipe,
-    config: MainJobConfig,
+    config: MakeOptions,
     runs: RunRecord,
     on_ray: bool,
 ) -> tuple[TrainedAdapter, str]:

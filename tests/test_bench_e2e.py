@@ -15,8 +15,9 @@ from hotstep_ray.bench_e2e import E2eOptions, Outcome, Prepared
 from hotstep_ray.cli import main as cli_main
 from hotstep_ray.cli.main import app
 from hotstep_ray.core.compile_cache import CACHE_VARS
+from hotstep_ray.core.contracts import MakeOptions
 from hotstep_ray.core.errors import InputError
-from hotstep_ray.main_job import STAGES, MainJobConfig
+from hotstep_ray.main_job import STAGES
 
 runner = CliRunner()
 
@@ -69,13 +70,14 @@ def test_a_tiny_cold_run_reports_its_timeline_and_environment(tmp_path, ray_sess
     assert (work / "data" / bench_e2e.MARK).is_file()  # the root a warm run may rerun on
 
 
-def _flags_of(argv: list[str], monkeypatch) -> MainJobConfig:
-    """The `MainJobConfig` the real `make` command builds from `argv` (the job itself not run)."""
-    seen: dict = {}
-    monkeypatch.setattr(cli_main, "_run_main_job", lambda as_json, **fields: seen.update(fields))
+def _flags_of(argv: list[str], monkeypatch) -> MakeOptions:
+    """The `MakeOptions` the real `make` command builds from `argv` (the job itself not run)."""
+    seen: list[MakeOptions] = []
+    monkeypatch.setattr(cli_main, "_run_main_job", lambda as_json, options: seen.append(options))
     result = runner.invoke(app, argv)
     assert result.exit_code == 0, result.output
-    return MainJobConfig(**seen)
+    (options,) = seen
+    return options
 
 
 @pytest.mark.parametrize(
@@ -151,7 +153,7 @@ def test_a_make_process_is_echoed_logged_and_read(tmp_path, monkeypatch):
         monkeypatch.setenv(name, "/somewhere/else")
     said: list[str] = []
     log = tmp_path / "logs" / "cold.log"
-    outcome = bench_e2e.run_make_process(MainJobConfig(), log, said.append)
+    outcome = bench_e2e.run_make_process(MakeOptions(), log, said.append)
     assert (outcome.rc, outcome.result, outcome.error) == (0, result, "")
     assert said == ["▸ dataset", "inherited []"]
     assert log.read_text().splitlines() == said
@@ -159,7 +161,7 @@ def test_a_make_process_is_echoed_logged_and_read(tmp_path, monkeypatch):
 
     failing = "import sys\nprint('Traceback: boom', file=sys.stderr)\nsys.exit(1)\n"
     monkeypatch.setattr(bench_e2e, "make_command", lambda config: [sys.executable, "-c", failing])
-    failed = bench_e2e.run_make_process(MainJobConfig(), log, lambda line: None)
+    failed = bench_e2e.run_make_process(MakeOptions(), log, lambda line: None)
     assert (failed.rc, failed.result) == (1, None) and "boom" in failed.error
 
 

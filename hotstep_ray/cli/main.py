@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 from rich.markup import escape
 from rich.table import Table
@@ -21,7 +23,15 @@ from hotstep_ray.cli import (
     train_dit_cmd,
     train_lm_cmd,
 )
-from hotstep_ray.cli.common import console, handle_errors, json_on_stdout, print_json
+from hotstep_ray.cli.common import (
+    console,
+    given,
+    handle_errors,
+    json_on_stdout,
+    print_json,
+    with_contract_options,
+)
+from hotstep_ray.core.contracts import MakeOptions
 from hotstep_ray.core.events import LogEvent, MetricEvent, ProgressEvent
 
 app = typer.Typer(
@@ -68,51 +78,16 @@ def _console_sink(event) -> None:
         )
 
 
-# The options `make` and `demo` share (typer reads each OptionInfo; one object serves both).
-_DATA = typer.Option("./data", help="Storage root: a folder or s3://bucket/prefix.")
-_RAY_ADDRESS = typer.Option(
-    "", help="Join this Ray cluster (default: start a local one, or use $RAY_ADDRESS)."
-)
-_CHECKPOINTS = typer.Option(
-    "", help="Real ACE-Step 1.5 weights (default: a tiny CPU checkpoint, written once)."
-)
-_EPOCHS = typer.Option(
-    None, min=1, help="Epochs of both trainers (default: 8 DiT / 4 LM tiny; contract's real)."
-)
-_RAY_TRAIN = typer.Option(
-    None,
-    "--ray-train/--no-ray-train",
-    help="Preprocess on Ray Data and train on Ray Train (1 worker each), or all in this process "
-    "(the two trainers side by side on a GPU). Default: on a Ray that is this machine with one "
-    "GPU, preprocess and the DiT here and the LM on Ray Train beside it; else all on Ray.",
-    show_default=False,
-)
-_SKIP_TRAIN = typer.Option(False, "--skip-train", help="Stop after preprocessing.")
-_SKIP_AUDITION = typer.Option(False, "--skip-audition", help="Train, but start no audition app.")
-_RETRAIN = typer.Option(
-    False, "--retrain", help="Train new adapter runs even when nothing they depend on changed."
-)
 _JSON = typer.Option(False, "--json", help="Print the result as JSON (progress goes to stderr).")
 
 
-@app.command("make")
-@handle_errors
-def make(
+def _make(
     songs: str = typer.Argument(
         ...,
         help="Folder of your songs (.wav .mp3 .flac ...; local or s3://), searched recursively.",
     ),
-    name: str = typer.Option("", help="Dataset and adapter name (default: the folder's name)."),
-    tag: str = typer.Option("", help="Trigger word put in every caption (default: none)."),
-    data: str = _DATA,
-    ray_address: str = _RAY_ADDRESS,
-    checkpoints: str = _CHECKPOINTS,
-    epochs: int | None = _EPOCHS,
-    ray_train: bool | None = _RAY_TRAIN,
-    skip_train: bool = _SKIP_TRAIN,
-    skip_audition: bool = _SKIP_AUDITION,
-    retrain: bool = _RETRAIN,
     as_json: bool = _JSON,
+    **contract: Any,
 ) -> None:
     """Your songs → dataset → labels → tensors → DiT + LM adapters → same-seed A/B, on Ray.
 
@@ -121,64 +96,32 @@ def make(
     --checkpoints at the ACE-Step 1.5 folder for real adapters. A rerun reuses what did not change
     (dataset, labels, tensors, finished adapter runs) and continues an interrupted training run
     from its last checkpoint."""
-    _run_main_job(
-        as_json,
-        songs=songs,
-        name=name,
-        tag=tag,
-        data=data,
-        ray_address=ray_address or None,
-        checkpoints=checkpoints or None,
-        epochs=epochs,
-        ray_train=ray_train,
-        train=not skip_train,
-        audition=not skip_audition,
-        retrain=retrain,
-    )
+    _run_main_job(as_json, MakeOptions.model_validate({**given(contract), "songs": songs}))
 
 
-@app.command()
-@handle_errors
-def demo(
-    data: str = _DATA,
-    ray_address: str = _RAY_ADDRESS,
-    checkpoints: str = _CHECKPOINTS,
-    epochs: int | None = _EPOCHS,
-    ray_train: bool | None = _RAY_TRAIN,
-    skip_train: bool = _SKIP_TRAIN,
-    skip_audition: bool = _SKIP_AUDITION,
-    retrain: bool = _RETRAIN,
-    as_json: bool = _JSON,
-) -> None:
+def _demo(as_json: bool = _JSON, **contract: Any) -> None:
     """`make` on the bundled example songs: the whole product, nothing to bring.
 
     Runs on a local Ray with the tiny CPU checkpoint unless --checkpoints points at real weights.
     Reruns reuse what did not change and continue an interrupted training run."""
-    make(
-        songs="",  # the bundled examples
-        name="",
-        tag="",
-        data=data,
-        ray_address=ray_address,
-        checkpoints=checkpoints,
-        epochs=epochs,
-        ray_train=ray_train,
-        skip_train=skip_train,
-        skip_audition=skip_audition,
-        retrain=retrain,
-        as_json=as_json,
-    )
+    _run_main_job(as_json, MakeOptions.model_validate(given(contract)))
 
 
-def _run_main_job(as_json: bool, **fields) -> None:
-    from hotstep_ray.main_job import MainJobConfig, run_main_job
+make = app.command("make")(handle_errors(with_contract_options(MakeOptions, skip={"songs"})(_make)))
+demo = app.command("demo")(
+    handle_errors(with_contract_options(MakeOptions, skip={"songs", "name", "tag"})(_demo))
+)
+
+
+def _run_main_job(as_json: bool, options: MakeOptions) -> None:
+    from hotstep_ray.main_job import run_main_job
 
     with json_on_stdout(as_json):
-        result = run_main_job(MainJobConfig(**fields), sinks=(_console_sink,))
+        result = run_main_job(options, sinks=(_console_sink,))
         _print_dataset(result.dataset)
         _print_stages(result)
         _print_artifacts(result)
-        if result.tiny and fields.get("songs"):
+        if result.tiny and options.songs:
             console.print(
                 "[yellow]trained the tiny CPU checkpoint on 2 s cuts: a try-out of the flow. "
                 "For real adapters: --checkpoints /path/to/ACE-Step-1.5[/]"

@@ -579,6 +579,51 @@ class JobSummary(Contract):
     finished_at: int = 0
 
 
+# -- the main job ---------------------------------------------------------------------------------
+class MakeOptions(Options):
+    """`hotstep-ray make SONGS_DIR` (and `demo`, on the bundled songs): songs -> dataset -> labels
+    -> tensors -> DiT and LM adapters -> a same-seed A/B (`main_job.run_main_job`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    songs: str = Field(
+        default="",
+        description="Folder of your songs (.wav .mp3 .flac ...; local or s3://), searched "
+        "recursively; '' = the bundled example songs.",
+    )
+    name: str = Field(default="", description="Dataset and adapter name ('' = the folder's name).")
+    tag: str = Field(default="", description="Trigger word put in every caption ('' = none).")
+    data: str = Field(default="./data", description="Storage root: a folder or s3://bucket/prefix.")
+    ray_address: str | None = Field(
+        default=None,
+        description="Join this Ray cluster (unset: $RAY_ADDRESS, else start a local one).",
+    )
+    checkpoints: str | None = Field(
+        default=None,
+        description="Real ACE-Step 1.5 weights (unset: a tiny CPU checkpoint, written once).",
+    )
+    epochs: int | None = Field(
+        default=None,
+        ge=1,
+        description="Epochs of both trainers (unset: 8 DiT / 4 LM tiny; the contracts' real).",
+    )
+    ray_train: bool | None = Field(
+        default=None,
+        description="Preprocess on Ray Data and train on Ray Train (1 worker each), or all in "
+        "this process (the two trainers side by side on a GPU). Unset: on a Ray that is this "
+        "machine with one GPU, preprocess and the DiT here and the LM on Ray Train beside it; "
+        "else all on Ray.",
+    )
+    skip_train: bool = Field(default=False, description="Stop after preprocessing.")
+    skip_audition: bool = Field(
+        default=False, description="Train, but start no audition app (no A/B)."
+    )
+    retrain: bool = Field(
+        default=False,
+        description="Train new adapter runs even when nothing they depend on changed.",
+    )
+
+
 # -- models --------------------------------------------------------------------------------------
 RandomDitLayout = Literal["2b", "xl", "none"]
 RandomLmSize = Literal["0.6B", "1.7B", "4B", "none"]

@@ -25,7 +25,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import Field
 
-from hotstep_ray.core.contracts import CreateDatasetInput, Options
+from hotstep_ray.core.contracts import CreateDatasetInput, MakeOptions, Options
 from hotstep_ray.core.errors import InputError
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.dataset import scan, store
@@ -36,7 +36,6 @@ from hotstep_ray.studio.errors import ConflictError
 log = logging.getLogger(__name__)
 
 MAKE_KIND = "make"
-MAIN_JOB_CONFIG = "hotstep_ray.main_job:MainJobConfig"
 
 
 class MakeRequest(Options):
@@ -133,8 +132,7 @@ def run_make(ctx: Any, entry: Any) -> dict[str, Any]:
     with the job's options, every main-job event passed into `ctx.events`. Returns the main
     job's `result.json` (the same JSON `hotstep-ray make --json` prints)."""
     options: MakeJobOptions = ctx.options
-    config_class = stages.load_object(MAIN_JOB_CONFIG)
-    config = config_class(
+    config = MakeOptions(
         songs=options.songs_dir,
         name=options.name,
         tag=options.tag,
@@ -142,8 +140,8 @@ def run_make(ctx: Any, entry: Any) -> dict[str, Any]:
         checkpoints=options.checkpoints or None,
         epochs=options.epochs,
         ray_train=options.train_on_ray,
-        train=options.train,
-        audition=options.audition,
+        skip_train=not options.train,
+        skip_audition=not options.audition,
         retrain=options.retrain,
     )
     adopted: set[str] = set()

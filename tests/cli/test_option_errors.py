@@ -132,3 +132,15 @@ def test_calibrate_refuses_bad_grid_and_sampling_values_before_reading_the_run(d
     assert _refused([*args, "--seeds", "0"]) == ["--seeds must be ≥ 1 (got 0)"]
     assert _refused([*args, "--top-p", "many"]) == ["--top-p must be a number (got many)"]
     assert _refused([*args, "--scales", "3"]) == ["--scales scale 3: must be in (0, 2] (got 3)"]
+
+
+def test_make_and_demo_refuse_a_bad_value_before_any_stage(data: str, tmp_path: Path) -> None:
+    # their options come from core.contracts.MakeOptions: checked before Ray or the songs
+    songs = str(tmp_path / "no-such-folder")
+    assert _refused(["make", songs, "--data", data, "--epochs", "0"]) == [
+        "--epochs must be ≥ 1 (got 0)"
+    ]
+    assert _refused(["demo", "--data", data, "--epochs", "many"]) == [
+        "--epochs must be an integer (got many)"
+    ]
+    assert not Path(data).exists()

@@ -18,12 +18,11 @@ from hotstep_ray.audition.ab import PreviewStore, run_ab
 from hotstep_ray.audition.decode import CodesDecoder
 from hotstep_ray.audition.planner import PlannerLM
 from hotstep_ray.audition.schemas import AuditionRequest
-from hotstep_ray.core.contracts import CreateDatasetInput
+from hotstep_ray.core.contracts import CreateDatasetInput, MakeOptions
 from hotstep_ray.core.jobs import Job
 from hotstep_ray.core.storage import Storage
 from hotstep_ray.dataset.store import build_dataset, create_dataset, load_dataset
 from hotstep_ray.main_job import (
-    MainJobConfig,
     RunRecord,
     _with,
     tiny_recipe,
@@ -78,7 +77,7 @@ def test_songs_to_previews_on_an_s3_root(s3_server, tiny_tree, tmp_path):
     # adapters: the main job's two training stages, in process, 1 s songs → 24-frame crops
     recipe = tiny_recipe(epochs=2)
     recipe = type(recipe)(**{**recipe.__dict__, "dit": _with(recipe.dit, crop_frames=24)})
-    config = MainJobConfig(data=storage.url, ray_train=False, audition=False)
+    config = MakeOptions(data=storage.url, ray_train=False, skip_audition=True)
     detail = load_dataset(storage, detail.slug)
     with Job(storage, "build") as job:
         runs = RunRecord(storage, detail.slug)  # the make_runs.json record, on S3 too
