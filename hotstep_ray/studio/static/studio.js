@@ -1,6 +1,6 @@
 // The studio page: make an adapter from a folder (one job, its stages live, then the timeline and
 // an A/B), datasets with a songs grid whose fields can be fixed by hand, jobs with live progress,
-// a loss chart, audition players.
+// a loss chart, audition players with a waveform under each side.
 // Plain DOM, no framework and nothing fetched from outside this server. Every API call sends
 // the bearer token typed into the page (kept in this tab's sessionStorage, never in a URL);
 // job events are read as Server-Sent Events through fetch() so the token stays in a header.
@@ -448,11 +448,13 @@ async function showMakeResult(view) {
 function showMakeAb(ab) {
   for (const url of state.make.audioUrls.splice(0)) URL.revokeObjectURL(url);
   $("make-ab-caption").textContent = `“${ab.caption}” · seed ${ab.seed} · the same seed on both sides`;
+  const group = waveGroup();
   for (const side of document.querySelectorAll("#make-ab .ab-side")) {
     const slot = side.dataset.slot;
     const player = el("audio", { controls: true, preload: "none", "data-slot": slot });
-    side.replaceChildren(side.querySelector("figcaption"), player);
-    loadAudio(player, `${API}/previews/${encodeURIComponent(ab.preview_id)}/${slot}`, state.make.audioUrls);
+    const wave = waveCanvas(player, slot, group);
+    side.replaceChildren(side.querySelector("figcaption"), player, wave);
+    loadAudio(player, `${API}/previews/${encodeURIComponent(ab.preview_id)}/${slot}`, state.make.audioUrls, wave);
   }
   $("make-ab").hidden = false;
 }
@@ -730,12 +732,14 @@ function previewBox(preview) {
     { class: "preview", "data-preview": preview.previewId },
     el("div", { class: "caption", text: `${when} · seed ${preview.seed} · ${preview.caption}` }),
   );
+  const group = waveGroup();
   for (const side of preview.sides) {
     const row = el("div", { class: "side" }, el("span", { text: side.slot }));
     if (side.ok && side.audioUrl) {
       const player = el("audio", { controls: true, preload: "none", "data-slot": side.slot });
-      row.append(player);
-      loadAudio(player, side.audioUrl);
+      const wave = waveCanvas(player, side.slot, group);
+      row.append(el("div", { class: "player" }, player, wave));
+      loadAudio(player, side.audioUrl, state.audioUrls, wave);
     } else {
       row.append(el("em", { class: "muted", text: side.error || "failed" }));
     }
@@ -744,17 +748,131 @@ function previewBox(preview) {
   return box;
 }
 
-// <audio src> cannot send a header: fetch the bytes with the token and play a blob URL.
-async function loadAudio(player, url, urls = state.audioUrls) {
+// <audio src> cannot send a header: fetch the bytes with the token and play a blob URL; the
+// same bytes, decoded, draw the side's waveform (`wave`, a canvas from waveCanvas) when given.
+async function loadAudio(player, url, urls = state.audioUrls, wave = null) {
+  let blob;
   try {
     const response = await fetch(url, { headers: headers() });
     if (!response.ok) throw new ApiError(response.status, `HTTP ${response.status}`);
-    const blobUrl = URL.createObjectURL(await response.blob());
+    blob = await response.blob();
+    const blobUrl = URL.createObjectURL(blob);
     urls.push(blobUrl);
     player.src = blobUrl;
     player.dataset.loaded = "1";
   } catch (error) {
     player.replaceWith(el("em", { class: "muted", text: `audio: ${error.message}` }));
+    if (wave) wave.remove();
+    return;
+  }
+  if (wave) await decodeWave(wave, blob);
+}
+
+// -- waveforms (a canvas under each A/B player) ----------------------------------------------
+// Each side is decoded once to WAVE_COLUMNS min/max pairs of its mono mix; the canvas redraws
+// them at its own pixel width (on resize too). The sides of one A/B share a group, drawn on the
+// group's loudest peak, so a quieter side looks quieter. A click on the picture seeks there.
+const WAVE_COLUMNS = 1200;
+const WAVE_SAMPLE_RATE = 44100; // decodeAudioData resamples to the context's rate
+const waveResizes = new ResizeObserver((entries) => entries.forEach((entry) => drawWave(entry.target)));
+
+function waveGroup() {
+  return { peak: 0, waves: [] };
+}
+
+function waveCanvas(player, slot, group) {
+  const wave = el("canvas", { class: "wave", hidden: true, "data-slot": slot });
+  wave.setAttribute("role", "img");
+  wave.setAttribute("aria-label", `waveform of the ${slot} side`);
+  wave.view = { player, group, peaks: null };
+  group.waves.push(wave);
+  for (const name of ["timeupdate", "seeked", "ended"]) player.addEventListener(name, () => drawWave(wave));
+  wave.addEventListener("click", (event) => {
+    if (player.duration > 0) player.currentTime = (event.offsetX / wave.clientWidth) * player.duration;
+  });
+  return wave;
+}
+
+// Decoding that fails (a format this browser cannot read) leaves the player alone, no picture.
+async function decodeWave(wave, blob) {
+  let audio;
+  try {
+    const context = new OfflineAudioContext(1, 1, WAVE_SAMPLE_RATE); // decodes, never plays
+    audio = await context.decodeAudioData(await blob.arrayBuffer());
+  } catch {
+    wave.remove();
+    return;
+  }
+  const { view } = wave;
+  view.peaks = peaksOf(audio, WAVE_COLUMNS);
+  view.group.peak = Math.max(view.group.peak, view.peaks.peak);
+  const loudness = view.peaks.peak > 0 ? `peak ${(20 * Math.log10(view.peaks.peak)).toFixed(1)} dBFS` : "silent";
+  wave.setAttribute("aria-label", `waveform of the ${wave.dataset.slot} side, ${loudness}`);
+  wave.title = `${loudness} (mono mix); click to play from there`;
+  wave.hidden = false;
+  waveResizes.observe(wave);
+  for (const other of view.group.waves) drawWave(other); // the group's scale may have grown
+}
+
+// min/max of the channels' mean over `columns` equal spans of the buffer: [columns] each.
+function peaksOf(audio, columns) {
+  const channels = Array.from({ length: audio.numberOfChannels }, (_, c) => audio.getChannelData(c));
+  const count = Math.max(1, Math.min(columns, audio.length));
+  const min = new Float32Array(count);
+  const max = new Float32Array(count);
+  let peak = 0;
+  for (let column = 0; column < count; column++) {
+    const from = Math.floor((column * audio.length) / count);
+    const to = Math.floor(((column + 1) * audio.length) / count);
+    let low = 0;
+    let high = 0;
+    for (let i = from; i < to; i++) {
+      let sum = 0;
+      for (const data of channels) sum += data[i];
+      const value = sum / channels.length;
+      if (value < low) low = value;
+      else if (value > high) high = value;
+    }
+    min[column] = low;
+    max[column] = high;
+    peak = Math.max(peak, high, -low);
+  }
+  return { min, max, peak };
+}
+
+function drawWave(wave) {
+  const { peaks, group, player } = wave.view;
+  if (!wave.isConnected) waveResizes.unobserve(wave); // its players were replaced
+  if (!peaks || !wave.isConnected) return;
+  const ratio = window.devicePixelRatio || 1;
+  const width = Math.max(1, Math.round(wave.clientWidth * ratio)); // device px
+  const height = Math.max(1, Math.round(wave.clientHeight * ratio));
+  if (wave.width !== width) wave.width = width;
+  if (wave.height !== height) wave.height = height;
+  const pen = wave.getContext("2d");
+  pen.clearRect(0, 0, width, height);
+  const style = getComputedStyle(wave);
+  pen.fillStyle = style.color;
+  const middle = height / 2;
+  const scale = middle / (group.peak || 1); // device px per unit of amplitude
+  const n = peaks.min.length;
+  for (let x = 0; x < width; x++) {
+    // the peak columns under this pixel (at least one: the canvas may be wider than WAVE_COLUMNS)
+    const from = Math.min(n - 1, Math.floor((x * n) / width));
+    const to = Math.max(from + 1, Math.floor(((x + 1) * n) / width));
+    let low = 0;
+    let high = 0;
+    for (let i = from; i < to; i++) {
+      low = Math.min(low, peaks.min[i]);
+      high = Math.max(high, peaks.max[i]);
+    }
+    const top = middle - high * scale;
+    pen.fillRect(x, top, 1, Math.max(ratio, (high - low) * scale)); // silence: a thin centre line
+  }
+  wave.dataset.drawn = String(width);
+  if (player.duration > 0 && player.currentTime > 0) {
+    pen.fillStyle = style.getPropertyValue("--ink").trim() || "#000";
+    pen.fillRect(Math.round((player.currentTime / player.duration) * (width - ratio)), 0, ratio, height);
   }
 }
 
