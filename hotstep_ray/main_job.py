@@ -133,9 +133,6 @@ class Placement:
     dit: bool
     lm: bool
 
-    def where(self, on_ray: bool) -> str:
-        return "Ray Train" if on_ray else "in process"
-
 
 def placement(ray_train: bool | None, one_machine: bool, gpus: float) -> Placement:
     """`ray_train` True or False puts everything on Ray or in this process. Unset, a Ray that is
@@ -421,7 +418,7 @@ def run_main_job(config: MakeOptions, sinks: tuple[EventSink, ...] = ()) -> Main
                         run, how = train(
                             job, storage, detail, pre, checkpoints, recipe, config, runs, on_ray
                         )
-                        where = how or place.where(on_ray)
+                        where = how or ("Ray Train" if on_ray else "in process")
                         row.note(_train_summary(run, where), run.url, _loss_change(run))
                         row.epochs, row.epoch_ends = _epochs_run(run, how)
                     return run
